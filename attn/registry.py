@@ -1,0 +1,81 @@
+"""One registry of named attention variants: scores, normalizers and scopes.
+
+Flags, sweeps and tests look names up here; nothing else in the project branches on a
+variant's name. A name registers once (duplicates are refused) and an unknown name fails
+with the list of known ones of that kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+KINDS = ("score", "normalizer", "scope")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A named variant.
+
+  kind: one of KINDS.
+  name: the registry name (what flags and configs say).
+  fn: the pure function (signature depends on the kind, see scores.py, normalizers.py, scopes.py).
+  init: parameter initializer, or None for parameter-free variants.
+  doc: one line for listings.
+  attention: for scopes that replace the whole score→normalize→sum pipeline (linear attention),
+    the function computing the context; None for scopes that only mask or reweight.
+  """
+  kind: str
+  name: str
+  fn: Callable[..., Any]
+  init: Callable[..., Any] | None = None
+  doc: str = ""
+  attention: Callable[..., Any] | None = None
+  alias_of: str | None = None
+
+
+VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
+
+
+def register(kind: str, name: str, *, init=None, aliases=(), attention=None):
+  """Decorator registering `fn` under `kind`/`name` (and aliases)."""
+  if kind not in KINDS:
+    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
+
+  def decorator(fn):
+    doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+    for n in (name, *aliases):
+      if n in VARIANTS[kind]:
+        raise ValueError(f"{kind} {n!r} is already registered")
+    for n in (name, *aliases):
+      VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, attention,
+                                  alias_of=None if n == name else name)
+    return fn
+
+  return decorator
+
+
+def get(name: str, kind: str | None = None) -> Variant:
+  """Looks a variant up by name; `kind` disambiguates (and is required if a name is in two kinds)."""
+  kinds = (kind,) if kind else KINDS
+  if kind is not None and kind not in KINDS:
+    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
+  found = [VARIANTS[k][name] for k in kinds if name in VARIANTS[k]]
+  if not found:
+    known = "; ".join(f"{k}: {', '.join(sorted(VARIANTS[k]))}" for k in kinds)
+    raise KeyError(f"unknown {kind or 'variant'} {name!r}. Known — {known}")
+  if len(found) > 1:
+    raise KeyError(f"{name!r} names a variant of several kinds; pass kind=")
+  return found[0]
+
+
+def names(kind: str) -> list[str]:
+  """Registered names of one kind, aliases included, sorted."""
+  if kind not in KINDS:
+    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
+  return sorted(VARIANTS[kind])
+
+
+def canonical_names(kind: str) -> list[str]:
+  """Registered names of one kind without aliases, sorted."""
+  return [n for n in names(kind) if VARIANTS[kind][n].alias_of is None]
