@@ -22,22 +22,22 @@ class Variant:
   fn: the pure function (signature depends on the kind, see scores.py, normalizers.py, scopes.py).
   init: parameter initializer, or None for parameter-free variants.
   doc: one line for listings.
-  attention: for scopes that replace the whole score→normalize→sum pipeline (linear attention),
-    the function computing the context; None for scopes that only mask or reweight.
+  full_attention: True for scopes that replace the whole score→normalize→sum pipeline (linear
+    attention); then `fn` computes the context itself. False for scopes that mask or reweight.
   """
   kind: str
   name: str
   fn: Callable[..., Any]
   init: Callable[..., Any] | None = None
   doc: str = ""
-  attention: Callable[..., Any] | None = None
+  full_attention: bool = False
   alias_of: str | None = None
 
 
 VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
 
 
-def register(kind: str, name: str, *, init=None, aliases=(), attention=None):
+def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False):
   """Decorator registering `fn` under `kind`/`name` (and aliases)."""
   if kind not in KINDS:
     raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
@@ -48,7 +48,7 @@ def register(kind: str, name: str, *, init=None, aliases=(), attention=None):
       if n in VARIANTS[kind]:
         raise ValueError(f"{kind} {n!r} is already registered")
     for n in (name, *aliases):
-      VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, attention,
+      VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, full_attention,
                                   alias_of=None if n == name else name)
     return fn
 

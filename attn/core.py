@@ -1,0 +1,113 @@
+"""attend(): score -> scope -> normalizer -> weighted sum, every stage looked up by name.
+
+Shapes: q: [..., Tq, dq], k: [..., Tk, dk], v: [..., Tk, dv]; mask bool broadcastable to
+[..., Tq, Tk], True = may attend. Leading dims are any batch/head dims.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from attn import masks as masks_lib
+from attn import normalizers as _normalizers  # noqa: F401  (registers the normalizers)
+from attn import scopes as _scopes  # noqa: F401  (registers the scopes)
+from attn import scores as _scores  # noqa: F401  (registers the scores)
+from attn.registry import get
+
+_F32 = jnp.float32
+
+
+def init_score(name, key, dq, dk, *, d_attn=None, max_len=None):
+  """Parameters of score `name` (None for parameter-free scores)."""
+  variant = get(name, "score")
+  if variant.init is None:
+    return None
+  return variant.init(key, dq, dk, d_attn=d_attn, max_len=max_len)
+
+
+def init_scope(name, key, dq, *, d_attn=None):
+  """Parameters of scope `name` (None for parameter-free scopes such as global or window)."""
+  variant = get(name, "scope")
+  if variant.init is None:
+    return None
+  if d_attn is None:
+    raise ValueError(f"scope {name!r} needs d_attn to initialize its parameters")
+  return variant.init(key, dq, d_attn=d_attn)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def score(name, params, q, k):
+  """Scores e: [..., Tq, Tk] float32 of the registered score `name`."""
+  return get(name, "score").fn(params, q, k)
+
+
+def _full_mask(mask, shape):
+  if mask is None:
+    return jnp.ones(shape, bool)
+  mask = jnp.asarray(mask)
+  if mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+  try:
+    return jnp.broadcast_to(mask, shape)
+  except ValueError:
+    raise ValueError(f"mask of shape {mask.shape} does not broadcast to scores {shape}") from None
+
+
+@functools.partial(jax.jit, static_argnames=("kind",))
+def normalize(e, mask=None, kind="softmax", temperature=1.0):
+  """Weights from scores along the last axis.
+
+  e: [..., Tq, Tk]; mask: bool broadcastable to e, True = may attend.
+  temperature divides the scores first: -> 0 approaches a (hard) argmax, large flattens.
+  Returns float32 weights [..., Tq, Tk]: masked entries exactly 0; a row with no valid entry is
+  all zeros with zero gradient.
+  """
+  z = e.astype(_F32) / jnp.asarray(temperature, _F32)
+  return get(kind, "normalizer").fn(z, _full_mask(mask, z.shape))
+
+
+def _check_qkv(q, k, v):
+  if k.shape[-2] != v.shape[-2]:
+    raise ValueError(f"keys and values disagree on Tk: k {k.shape} vs v {v.shape}")
+  if q.ndim < 2 or k.ndim < 2:
+    raise ValueError(f"q and k need at least [T, d], got q {q.shape}, k {k.shape}")
+
+
+@functools.partial(jax.jit, static_argnames=("score", "normalizer", "scope", "causal",
+                                             "half_width", "top_k"))
+def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, temperature=1.0,
+           causal=False, scope="global", scope_params=None, half_width=None, top_k=None,
+           positions=None):
+  """Attention over keys with a named score, normalizer and scope.
+
+  params: the score's parameters (None for dot / scaled_dot).
+  q: [..., Tq, dq], k: [..., Tk, dk], v: [..., Tk, dv]; mask: bool broadcastable to [..., Tq, Tk].
+  causal: query i sees keys j <= i (top-left aligned).
+  scope: "global", "window" / "local_m" (half_width, positions), "local_p" (scope_params,
+    half_width), "topk" (top_k), "linear".
+  Returns (context [..., Tq, dv] in v's dtype, weights [..., Tq, Tk] float32). context is
+  weights @ v accumulated in float32; a query with no valid key gets zero weights and context.
+  Linear attention returns weights=None (it never forms them).
+  """
+  _check_qkv(q, k, v)
+  scope_variant = get(scope, "scope")
+  if scope_variant.full_attention:
+    # Its feature map replaces the score and the softmax; refuse choices it would silently drop.
+    if normalizer != "softmax" or get(score, "score").init is not None:
+      raise ValueError(f"scope {scope!r} has its own similarity (feature map): use a "
+                       f"parameter-free score and normalizer='softmax', got {score!r}/{normalizer!r}")
+    return scope_variant.fn(q, k, v, mask, causal=causal)
+  e = get(score, "score").fn(params, q, k)  # [..., Tq, Tk]
+  m = _full_mask(mask, e.shape)
+  if causal:
+    m = m & masks_lib.causal_mask(*e.shape[-2:])
+  m, gain = scope_variant.fn(scope_params, q, e, m, half_width=half_width, top_k=top_k,
+                             positions=positions)
+  w = normalize(e, m, kind=normalizer, temperature=temperature)
+  if gain is not None:
+    w = w * gain
+  ctx = jnp.einsum("...qk,...kd->...qd", w, v.astype(_F32))
+  return ctx.astype(v.dtype), w

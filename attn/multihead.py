@@ -1,0 +1,89 @@
+"""Multi-head attention on top of attend(): project, split heads, attend, merge (Vaswani et al. 2017).
+
+Axis names: B batch (any leading dims), Tq/Tk lengths, H heads, dh head size.
+Params: wq [d_q, H, dh], wk/wv [d_kv, H, dh], wo [H, dh, d_out]; per-head score and scope
+parameters stacked on a leading H axis.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from attn import core
+
+_F32 = jnp.float32
+
+
+def init_multihead(key, d_model, num_heads, *, d_kv=None, d_head=None, d_out=None,
+                   score="scaled_dot", d_attn=None, max_len=None, scope="global"):
+  """Parameters for multihead(). d_kv defaults to d_model (self-attention), d_head to
+  d_model // num_heads, d_out to d_model; d_attn/max_len feed scores and scopes that need them."""
+  d_kv = d_model if d_kv is None else d_kv
+  d_out = d_model if d_out is None else d_out
+  if d_head is None:
+    if d_model % num_heads:
+      raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}; pass d_head")
+    d_head = d_model // num_heads
+  kq, kk, kv, ko, ks, kp = jax.random.split(key, 6)
+  init = jax.nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
+  out_init = jax.nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)
+  params = {
+      "wq": init(kq, (d_model, num_heads, d_head), _F32),
+      "wk": init(kk, (d_kv, num_heads, d_head), _F32),
+      "wv": init(kv, (d_kv, num_heads, d_head), _F32),
+      "wo": out_init(ko, (num_heads, d_head, d_out), _F32),
+  }
+  heads = jnp.arange(num_heads)
+  score_params = jax.vmap(lambda h: core.init_score(
+      score, jax.random.fold_in(ks, h), d_head, d_head, d_attn=d_attn, max_len=max_len))(heads)
+  if score_params is not None:
+    params["score"] = score_params
+  scope_params = jax.vmap(lambda h: core.init_scope(
+      scope, jax.random.fold_in(kp, h), d_head, d_attn=d_attn or d_head))(heads)
+  if scope_params is not None:
+    params["scope"] = scope_params
+  return params
+
+
+@functools.partial(jax.jit, static_argnames=("num_heads", "score", "normalizer", "causal", "scope",
+                                             "half_width", "top_k"))
+def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normalizer="softmax",
+              mask=None, causal=False, temperature=1.0, scope="global", half_width=None,
+              top_k=None):
+  """Multi-head attention.
+
+  x_q: [..., Tq, d_model]; x_kv: [..., Tk, d_kv], or None for self-attention (x_kv = x_q).
+  mask: bool broadcastable to [..., Tq, Tk] (shared by all heads); causal: top-left aligned.
+  Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] float32 per head;
+  None for linear attention).
+  """
+  x_kv = x_q if x_kv is None else x_kv
+  if params["wq"].shape[1] != num_heads:
+    raise ValueError(f"params were built for {params['wq'].shape[1]} heads, got num_heads={num_heads}")
+  for name, x, w in (("x_q", x_q, params["wq"]), ("x_kv", x_kv, params["wk"])):
+    if x.shape[-1] != w.shape[0]:
+      raise ValueError(f"{name} has feature size {x.shape[-1]}, params expect {w.shape[0]}")
+  proj = lambda x, w: jnp.einsum("...td,dhe->...hte", x, w.astype(x.dtype),
+                                 preferred_element_type=_F32).astype(x.dtype)
+  q, k, v = proj(x_q, params["wq"]), proj(x_kv, params["wk"]), proj(x_kv, params["wv"])  # [..., H, T, dh]
+  score_params, scope_params = params.get("score"), params.get("scope")
+
+  def one_head(sp, cp, q, k, v, mask):
+    return core.attend(sp, q, k, v, score=score, normalizer=normalizer, mask=mask,
+                       temperature=temperature, causal=causal, scope=scope, scope_params=cp,
+                       half_width=half_width, top_k=top_k)
+
+  # Heads are vmapped (axis -3) so per-head score/scope parameters stay a leading H axis.
+  ctx, w = jax.vmap(
+      one_head,
+      in_axes=(None if score_params is None else 0, None if scope_params is None else 0,
+               -3, -3, -3, None),  # the mask is shared by every head
+      out_axes=-3,
+  )(score_params, scope_params, q, k, v, mask)  # ctx [..., H, Tq, dh], w [..., H, Tq, Tk]
+  out = jnp.einsum("...hte,hed->...td", ctx, params["wo"].astype(ctx.dtype),
+                   preferred_element_type=_F32)
+  return out.astype(x_q.dtype), w
+

@@ -1,0 +1,97 @@
+"""Scopes: which source positions a query may attend to, and how they are reweighted.
+
+A scope has the signature
+    fn(params, q, e, mask, *, half_width=None, top_k=None, positions=None) -> (mask, gain)
+with q: [..., Tq, dq], e: [..., Tq, Tk] scores, mask: bool [..., Tq, Tk] (already combined with
+padding/causal masks). It returns the narrowed mask and an optional multiplicative gain
+[..., Tq, Tk] applied to the weights after normalization (None for none). Scopes with parameters
+have `init(key, dq, *, d_attn) -> params`.
+
+`linear` is registered here too (full_attention=True): it replaces scoring and normalization.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attn import masks as masks_lib
+from attn.linear import linear_attention
+from attn.registry import register
+
+_F32 = jnp.float32
+
+
+def _need(scope, option, value):
+  if value is None:
+    raise ValueError(f"scope {scope!r} needs {option}=")
+  if option in ("half_width", "top_k") and not value > 0:
+    raise ValueError(f"scope {scope!r}: {option} must be positive, got {value}")
+  return value
+
+
+@register("scope", "global")
+def global_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
+  """Global attention: every (unmasked) source position."""
+  return mask, None
+
+
+@register("scope", "window")
+def window_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
+  """Sliding window: query i sees keys |j - i| <= half_width (self-attention locality)."""
+  D = _need("window", "half_width", half_width)
+  Tq, Tk = e.shape[-2:]
+  return mask & masks_lib.sliding_window_mask(Tq, Tk, D), None
+
+
+@register("scope", "local_m")
+def local_m_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
+  """Luong local-m: monotonic alignment p_t = t (or given `positions`), window [p_t - D, p_t + D]."""
+  D = _need("local_m", "half_width", half_width)
+  Tq, Tk = e.shape[-2:]
+  centers = jnp.arange(Tq) if positions is None else positions  # [..., Tq]
+  return mask & masks_lib.window_mask(centers, Tk, D), None
+
+
+def init_local_p(key, dq, *, d_attn):
+  k1, k2 = jax.random.split(key)
+  lecun = jax.nn.initializers.lecun_normal()
+  return {"W_p": lecun(k1, (dq, d_attn), _F32), "v_p": lecun(k2, (d_attn, 1), _F32)[:, 0]}
+
+
+def local_p_positions(params, q, source_lengths):
+  """Luong eq. 9: p_t = S * sigmoid(v_p^T tanh(W_p h_t)).
+
+  q: [..., Tq, dq]; source_lengths: [..., Tq] or broadcastable, S per query row.
+  Returns: [..., Tq] float32 predicted positions in [0, S].
+  """
+  h = jnp.tanh(jnp.einsum("...qd,da->...qa", q, params["W_p"].astype(q.dtype),
+                          preferred_element_type=_F32))
+  return source_lengths * jax.nn.sigmoid(h @ params["v_p"])
+
+
+@register("scope", "local_p", init=init_local_p)
+def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
+  """Luong local-p: predicted centre p_t, window |s - p_t| <= D, weights times a Gaussian (sigma=D/2)."""
+  D = _need("local_p", "half_width", half_width)
+  if params is None:
+    raise ValueError("scope 'local_p' needs scope_params (see attn.init_scope('local_p', ...))")
+  Tk = e.shape[-1]
+  S = jnp.sum(mask, axis=-1).astype(_F32)  # [..., Tq] valid source length per row
+  p_t = local_p_positions(params, q, S)  # [..., Tq]
+  return mask & masks_lib.window_mask(p_t, Tk, D), masks_lib.gaussian_window(p_t, Tk, D)
+
+
+@register("scope", "topk", aliases=("sparse",))
+def topk_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
+  """Top-k sparse attention: each query keeps its k highest-scoring valid keys (ties at the k-th all kept)."""
+  k = _need("topk", "top_k", top_k)
+  em = jnp.where(mask, e, -jnp.inf)
+  kth = jax.lax.top_k(em, min(k, e.shape[-1]))[0][..., -1:]  # [..., Tq, 1]
+  return mask & (em >= jax.lax.stop_gradient(kth)), None
+
+
+@register("scope", "linear", full_attention=True)
+def linear_scope(q, k, v, mask=None, *, causal=False):
+  """Linear attention (Katharopoulos et al. 2020), feature map elu(x) + 1; O(T) in sequence length."""
+  return linear_attention(q, k, v, mask, causal=causal)

@@ -1,0 +1,96 @@
+"""Alignment scores e_ij between queries and keys.
+
+Every score has the signature `fn(params, q, k) -> e` with q: [..., Tq, dq], k: [..., Tk, dk],
+e: [..., Tq, Tk] float32 (products accumulate in float32 whatever the input dtype). Parameter-free
+scores take params=None. Initializers have the signature
+`init(key, dq, dk, *, d_attn=None, max_len=None) -> params`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attn.registry import register
+
+_F32 = jnp.float32
+_lecun = jax.nn.initializers.lecun_normal()
+
+
+def _check_same_dim(name, q, k):
+  if q.shape[-1] != k.shape[-1]:
+    raise ValueError(
+        f"score {name!r} needs queries and keys of the same size, got dq={q.shape[-1]} and "
+        f"dk={k.shape[-1]}; use 'general' or 'additive' for different sizes")
+
+
+def _require(name, what, value):
+  if value is None:
+    raise ValueError(f"score {name!r} needs {what}")
+  return value
+
+
+@register("score", "dot")
+def dot(params, q, k):
+  """Luong dot: e_ij = q_i . k_j."""
+  del params
+  _check_same_dim("dot", q, k)
+  return jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=_F32)
+
+
+@register("score", "scaled_dot")
+def scaled_dot(params, q, k):
+  """Transformer scaled dot: e_ij = q_i . k_j / sqrt(d)."""
+  del params
+  _check_same_dim("scaled_dot", q, k)
+  return dot(None, q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], _F32))
+
+
+def init_general(key, dq, dk, *, d_attn=None, max_len=None):
+  del d_attn, max_len
+  return {"W": _lecun(key, (dq, dk), _F32)}
+
+
+@register("score", "general", init=init_general, aliases=("bilinear",))
+def general(params, q, k):
+  """Luong general (bilinear): e_ij = q_i W k_j^T, W: [dq, dk]."""
+  qw = jnp.einsum("...qd,de->...qe", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
+  return jnp.einsum("...qe,...ke->...qk", qw, k.astype(_F32), preferred_element_type=_F32)
+
+
+def init_additive(key, dq, dk, *, d_attn=None, max_len=None):
+  del max_len
+  d_attn = _require("additive", "d_attn", d_attn)
+  kw, ku, kv = jax.random.split(key, 3)
+  return {"W": _lecun(kw, (dq, d_attn), _F32), "U": _lecun(ku, (dk, d_attn), _F32),
+          "b": jnp.zeros((d_attn,), _F32), "v": _lecun(kv, (d_attn, 1), _F32)[:, 0]}
+
+
+@register("score", "additive", init=init_additive, aliases=("concat",))
+def additive(params, q, k):
+  """Bahdanau additive (Luong concat): e_ij = v^T tanh(W q_i + U k_j + b).
+
+  Materializes a [..., Tq, Tk, d_attn] tensor; `kernels.additive_attention` is the fused form.
+  """
+  qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
+  kp = jnp.einsum("...kd,da->...ka", k, params["U"].astype(k.dtype), preferred_element_type=_F32)
+  h = jnp.tanh(qp[..., :, None, :] + kp[..., None, :, :] + params["b"])  # [..., Tq, Tk, da]
+  return jnp.einsum("...qka,a->...qk", h, params["v"])
+
+
+def init_location(key, dq, dk, *, d_attn=None, max_len=None):
+  del dk, d_attn
+  max_len = _require("location", "max_len (the longest source it will score)", max_len)
+  return {"W": _lecun(key, (dq, max_len), _F32)}
+
+
+@register("score", "location", init=init_location)
+def location(params, q, k):
+  """Luong location: e_t = W_a h_t over source positions, from the query alone. W: [dq, max_len]."""
+  Tk, max_len = k.shape[-2], params["W"].shape[-1]
+  if Tk > max_len:
+    raise ValueError(f"score 'location' was initialized for sources up to max_len={max_len}, "
+                     f"got Tk={Tk}")
+  e = jnp.einsum("...qd,dl->...ql", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
+  e = e[..., :Tk]  # [..., Tq, Tk]
+  return jnp.broadcast_to(e, jnp.broadcast_shapes(e.shape, k.shape[:-2] + (1, Tk)))
