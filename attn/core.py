@@ -15,9 +15,8 @@ from attn import masks as masks_lib
 from attn import normalizers as _normalizers  # noqa: F401  (registers the normalizers)
 from attn import scopes as _scopes  # noqa: F401  (registers the scopes)
 from attn import scores as _scores  # noqa: F401  (registers the scores)
+from attn.precision import accum_dtype
 from attn.registry import get
-
-_F32 = jnp.float32
 
 
 def init_score(name, key, dq, dk, *, d_attn=None, max_len=None):
@@ -62,10 +61,11 @@ def normalize(e, mask=None, kind="softmax", temperature=1.0):
 
   e: [..., Tq, Tk]; mask: bool broadcastable to e, True = may attend.
   temperature divides the scores first: -> 0 approaches a (hard) argmax, large flattens.
-  Returns float32 weights [..., Tq, Tk]: masked entries exactly 0; a row with no valid entry is
+  Returns weights [..., Tq, Tk] in float32 (float64 for float64 scores): masked entries exactly 0; a row with no valid entry is
   all zeros with zero gradient.
   """
-  z = e.astype(_F32) / jnp.asarray(temperature, _F32)
+  acc = accum_dtype(e)
+  z = e.astype(acc) / jnp.asarray(temperature, acc)
   return get(kind, "normalizer").fn(z, _full_mask(mask, z.shape))
 
 
@@ -109,5 +109,5 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   w = normalize(e, m, kind=normalizer, temperature=temperature)
   if gain is not None:
     w = w * gain
-  ctx = jnp.einsum("...qk,...kd->...qd", w, v.astype(_F32))
+  ctx = jnp.einsum("...qk,...kd->...qd", w, v.astype(w.dtype))
   return ctx.astype(v.dtype), w

@@ -10,12 +10,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-_F32 = jnp.float32
+from attn.precision import accum_dtype
 
 
 def feature_map(x):
-  """phi(x) = elu(x) + 1, in float32."""
-  return jax.nn.elu(x.astype(_F32)) + 1.0
+  """phi(x) = elu(x) + 1, in the accumulation dtype (float32 or float64)."""
+  return jax.nn.elu(x.astype(accum_dtype(x))) + 1.0
 
 
 def _key_mask(mask, Tk):
@@ -41,8 +41,8 @@ def linear_attention(q, k, v, mask=None, *, causal=False):
   Tq, Tk = q.shape[-2], k.shape[-2]
   phq, phk = feature_map(q), feature_map(k)  # [..., Tq, d], [..., Tk, d]
   if mask is not None:
-    phk = phk * _key_mask(mask, Tk)[..., None].astype(_F32)
-  vf = v.astype(_F32)
+    phk = phk * _key_mask(mask, Tk)[..., None].astype(phk.dtype)
+  vf = v.astype(phk.dtype)
   if not causal:
     kv = jnp.einsum("...kd,...ke->...de", phk, vf)  # [..., d, dv]
     num = jnp.einsum("...qd,...de->...qe", phq, kv)  # [..., Tq, dv]

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from attn import masks as masks_lib
 from attn.linear import linear_attention
+from attn.precision import accum_dtype
 from attn.registry import register
 
 _F32 = jnp.float32
@@ -66,7 +67,7 @@ def local_p_positions(params, q, source_lengths):
   Returns: [..., Tq] float32 predicted positions in [0, S].
   """
   h = jnp.tanh(jnp.einsum("...qd,da->...qa", q, params["W_p"].astype(q.dtype),
-                          preferred_element_type=_F32))
+                          preferred_element_type=accum_dtype(q)))
   return source_lengths * jax.nn.sigmoid(h @ params["v_p"])
 
 
@@ -77,7 +78,7 @@ def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=
   if params is None:
     raise ValueError("scope 'local_p' needs scope_params (see attn.init_scope('local_p', ...))")
   Tk = e.shape[-1]
-  S = jnp.sum(mask, axis=-1).astype(_F32)  # [..., Tq] valid source length per row
+  S = jnp.sum(mask, axis=-1).astype(accum_dtype(q))  # [..., Tq] valid source length per row
   p_t = local_p_positions(params, q, S)  # [..., Tq]
   return mask & masks_lib.window_mask(p_t, Tk, D), masks_lib.gaussian_window(p_t, Tk, D)
 

@@ -1,7 +1,7 @@
 """Alignment scores e_ij between queries and keys.
 
 Every score has the signature `fn(params, q, k) -> e` with q: [..., Tq, dq], k: [..., Tk, dk],
-e: [..., Tq, Tk] float32 (products accumulate in float32 whatever the input dtype). Parameter-free
+e: [..., Tq, Tk] in the accumulation dtype (float32, or float64 for float64 inputs). Parameter-free
 scores take params=None. Initializers have the signature
 `init(key, dq, dk, *, d_attn=None, max_len=None) -> params`.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from attn.precision import accum_dtype
 from attn.registry import register
 
 _F32 = jnp.float32
@@ -35,7 +36,7 @@ def dot(params, q, k):
   """Luong dot: e_ij = q_i . k_j."""
   del params
   _check_same_dim("dot", q, k)
-  return jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=_F32)
+  return jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=accum_dtype(q, k))
 
 
 @register("score", "scaled_dot")
@@ -43,7 +44,8 @@ def scaled_dot(params, q, k):
   """Transformer scaled dot: e_ij = q_i . k_j / sqrt(d)."""
   del params
   _check_same_dim("scaled_dot", q, k)
-  return dot(None, q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], _F32))
+  e = dot(None, q, k)
+  return e / jnp.sqrt(jnp.asarray(q.shape[-1], e.dtype))
 
 
 def init_general(key, dq, dk, *, d_attn=None, max_len=None):
@@ -54,8 +56,9 @@ def init_general(key, dq, dk, *, d_attn=None, max_len=None):
 @register("score", "general", init=init_general, aliases=("bilinear",))
 def general(params, q, k):
   """Luong general (bilinear): e_ij = q_i W k_j^T, W: [dq, dk]."""
-  qw = jnp.einsum("...qd,de->...qe", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
-  return jnp.einsum("...qe,...ke->...qk", qw, k.astype(_F32), preferred_element_type=_F32)
+  acc = accum_dtype(q, k)
+  qw = jnp.einsum("...qd,de->...qe", q, params["W"].astype(q.dtype), preferred_element_type=acc)
+  return jnp.einsum("...qe,...ke->...qk", qw, k.astype(acc), preferred_element_type=acc)
 
 
 def init_additive(key, dq, dk, *, d_attn=None, max_len=None):
@@ -72,8 +75,9 @@ def additive(params, q, k):
 
   Materializes a [..., Tq, Tk, d_attn] tensor; `kernels.additive_attention` is the fused form.
   """
-  qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
-  kp = jnp.einsum("...kd,da->...ka", k, params["U"].astype(k.dtype), preferred_element_type=_F32)
+  acc = accum_dtype(q, k)
+  qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype), preferred_element_type=acc)
+  kp = jnp.einsum("...kd,da->...ka", k, params["U"].astype(k.dtype), preferred_element_type=acc)
   h = jnp.tanh(qp[..., :, None, :] + kp[..., None, :, :] + params["b"])  # [..., Tq, Tk, da]
   return jnp.einsum("...qka,a->...qk", h, params["v"])
 
@@ -91,6 +95,7 @@ def location(params, q, k):
   if Tk > max_len:
     raise ValueError(f"score 'location' was initialized for sources up to max_len={max_len}, "
                      f"got Tk={Tk}")
-  e = jnp.einsum("...qd,dl->...ql", q, params["W"].astype(q.dtype), preferred_element_type=_F32)
+  e = jnp.einsum("...qd,dl->...ql", q, params["W"].astype(q.dtype),
+                 preferred_element_type=accum_dtype(q))
   e = e[..., :Tk]  # [..., Tq, Tk]
   return jnp.broadcast_to(e, jnp.broadcast_shapes(e.shape, k.shape[:-2] + (1, Tk)))

@@ -1,0 +1,206 @@
+"""attend(): every score x normalizer, masks and scopes, against float64 NumPy and hand-computed cases."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import attn
+import np_reference as ref
+
+SCORES = attn.canonical_names("score")
+NORMALIZERS = attn.canonical_names("normalizer")
+
+
+def _qkv(lead=(2,), Tq=5, Tk=7, dq=6, dk=6, dv=3, seed=0, dtype=jnp.float32):
+  kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return (jax.random.normal(kq, lead + (Tq, dq)).astype(dtype),
+          jax.random.normal(kk, lead + (Tk, dk)).astype(dtype),
+          jax.random.normal(kv, lead + (Tk, dv)).astype(dtype))
+
+
+@pytest.mark.parametrize("score,normalizer", list(itertools.product(SCORES, NORMALIZERS)))
+def test_attend_matches_numpy_with_padding(score, normalizer):
+  q, k, v = _qkv(lead=(3,), Tq=5, Tk=7)
+  params = attn.init_score(score, jax.random.PRNGKey(1), 6, 6, d_attn=4, max_len=9)
+  mask = attn.masks.padding_mask(jnp.array([7, 3, 0]), 7)  # [3, 1, 7]; the last has no keys
+  ctx, w = attn.attend(params, q, k, v, score=score, normalizer=normalizer, mask=mask,
+                       temperature=0.7)
+  e = ref.SCORES[score](params, q, k)
+  ctx_ref, w_ref = ref.attend(e, v, mask, normalizer, temperature=0.7)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
+  assert (np.asarray(ctx[2]) == 0).all()
+
+
+def test_causal_is_top_left_aligned_for_cross_attention():
+  q, k, v = _qkv(lead=(), Tq=4, Tk=6)
+  _, w = attn.attend(None, q, k, v, causal=True)
+  expected_support = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0],
+                               [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]], bool)
+  np.testing.assert_array_equal(np.asarray(w) > 0, expected_support)
+
+
+def test_window_mask_hand_computed():
+  expected = np.array([[1, 1, 0, 0, 0],
+                       [1, 1, 1, 0, 0],
+                       [0, 1, 1, 1, 0],
+                       [0, 0, 1, 1, 1]], bool)
+  np.testing.assert_array_equal(attn.masks.sliding_window_mask(4, 5, 1), expected)
+  q, k, v = _qkv(lead=(), Tq=4, Tk=5)
+  _, w = attn.attend(None, q, k, v, scope="window", half_width=1)
+  np.testing.assert_array_equal(np.asarray(w) > 0, expected)
+
+
+def test_local_m_uses_given_positions():
+  q, k, v = _qkv(lead=(), Tq=3, Tk=8)
+  _, w = attn.attend(None, q, k, v, scope="local_m", half_width=1, positions=jnp.array([6, 0, 3]))
+  expected = np.zeros((3, 8), bool)
+  expected[0, 5:8] = expected[1, 0:2] = expected[2, 2:5] = True
+  np.testing.assert_array_equal(np.asarray(w) > 0, expected)
+
+
+def test_local_p_hand_computed_centre_window_and_gaussian():
+  # W_p = 0 gives tanh(0) = 0, sigmoid(0) = 1/2, so p_t = S/2 = 3 for S = 6 valid keys.
+  q, k, v = _qkv(lead=(), Tq=2, Tk=8)
+  sp = {"W_p": jnp.zeros((6, 4)), "v_p": jnp.ones((4,))}
+  mask = attn.masks.lengths_to_mask(6, 8)[None, :]  # [1, 8]: keys 6, 7 are padding
+  _, w = attn.attend(None, q, k, v, mask=mask, scope="local_p", scope_params=sp, half_width=2)
+  s = np.arange(8)
+  window = (np.abs(s - 3) <= 2) & (s < 6)
+  gain = np.exp(-((s - 3.0) ** 2) / (2 * 1.0**2))  # sigma = D/2 = 1
+  e = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
+  base = ref.softmax(e, np.broadcast_to(window, e.shape))
+  np.testing.assert_allclose(w, base * gain, rtol=1e-5, atol=1e-7)
+
+
+def test_local_p_matches_numpy_and_trains_its_position_predictor():
+  q, k, v = _qkv(lead=(2,), Tq=4, Tk=9)
+  sp = attn.init_scope("local_p", jax.random.PRNGKey(3), 6, d_attn=5)
+  mask = attn.masks.padding_mask(jnp.array([9, 5]), 9)
+  ctx, w = attn.attend(None, q, k, v, mask=mask, scope="local_p", scope_params=sp, half_width=2)
+  _, m, gain = ref.local_p(sp, q, np.broadcast_to(mask, (2, 4, 9)), 2)
+  ctx_ref, w_ref = ref.attend(ref.dot(None, q, k), v, m, gain=gain)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
+  g = jax.grad(lambda sp: attn.attend(None, q, k, v, mask=mask, scope="local_p", scope_params=sp,
+                                      half_width=2)[0].sum())(sp)
+  assert all(np.isfinite(x).all() and np.abs(x).sum() > 0 for x in jax.tree.leaves(g))
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 20])
+def test_topk_matches_naive_selection(top_k):
+  q, k, v = _qkv(lead=(2,), Tq=5, Tk=8)
+  mask = attn.masks.padding_mask(jnp.array([8, 2]), 8)
+  ctx, w = attn.attend(None, q, k, v, mask=mask, scope="topk", top_k=top_k)
+  e = ref.dot(None, q, k)
+  m = ref.topk_mask(e, np.broadcast_to(mask, e.shape), top_k)
+  assert (m.sum(-1) == np.minimum(top_k, [[8], [2]])).all()
+  ctx_ref, w_ref = ref.attend(e, v, m)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Tq,Tk", [(5, 7), (7, 4), (6, 6)])
+def test_linear_attention_matches_its_weight_matrix_definition(causal, Tq, Tk):
+  q, k, v = _qkv(lead=(3,), Tq=Tq, Tk=Tk)
+  lengths = jnp.array([Tk, 2, 0])
+  mask = attn.masks.padding_mask(lengths, Tk)
+  ctx, w = attn.attend(None, q, k, v, mask=mask, scope="linear", causal=causal)
+  assert w is None
+  expected = ref.linear_attention(q, k, v, np.asarray(attn.masks.lengths_to_mask(lengths, Tk)),
+                                  causal=causal)
+  np.testing.assert_allclose(ctx, expected, rtol=1e-5, atol=1e-5)
+  assert (np.asarray(ctx[2]) == 0).all()
+
+
+def test_linear_attention_refuses_per_query_masks_and_parametric_scores():
+  q, k, v = _qkv(lead=(), Tq=3, Tk=3)
+  with pytest.raises(ValueError, match="key-padding"):
+    attn.attend(None, q, k, v, mask=attn.masks.causal_mask(3, 3), scope="linear")
+  with pytest.raises(ValueError, match="own similarity"):
+    attn.attend(None, q, k, v, scope="linear", normalizer="sparsemax")
+
+
+SCOPES = [("global", {}), ("window", {"half_width": 1}), ("local_m", {"half_width": 2}),
+          ("topk", {"top_k": 2}), ("linear", {})]
+
+
+# Linear attention has no normalizer choice (others are refused, tested above).
+@pytest.mark.parametrize("scope,opts,normalizer", [
+    (s, o, n) for (s, o), n in itertools.product(SCOPES, NORMALIZERS)
+    if s != "linear" or n == "softmax"])
+def test_no_nan_in_value_or_gradient_with_fully_masked_rows(scope, opts, normalizer):
+  q, k, v = _qkv(lead=(3,), Tq=4, Tk=6)
+  mask = attn.masks.padding_mask(jnp.array([6, 0, 3]), 6)
+
+  @jax.jit
+  def loss(q, k, v):
+    ctx, _ = attn.attend(None, q, k, v, normalizer=normalizer, mask=mask, scope=scope, **opts)
+    return jnp.sum(ctx**2), ctx
+
+  (_, ctx), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  assert np.isfinite(ctx).all() and (np.asarray(ctx[1]) == 0).all()
+  for g in grads:
+    assert np.isfinite(g).all() and (np.asarray(g[1]) == 0).all()
+
+
+@pytest.mark.parametrize("score,normalizer,scope,opts", [
+    ("additive", "softmax", "global", {}), ("general", "entmax15", "global", {}),
+    ("scaled_dot", "sparsemax", "window", {"half_width": 1}), ("dot", "softmax", "linear", {}),
+])
+def test_attend_gradients_match_finite_differences(score, normalizer, scope, opts):
+  with jax.enable_x64(True):
+    q, k, v = _qkv(lead=(2,), Tq=3, Tk=4, dtype=jnp.float64)
+    params = attn.init_score(score, jax.random.PRNGKey(2), 6, 6, d_attn=3)
+    params = jax.tree.map(lambda p: p.astype(jnp.float64), params)
+    mask = attn.masks.padding_mask(jnp.array([4, 2]), 4)
+    f = lambda p, q, k, v: attn.attend(p, q, k, v, score=score, normalizer=normalizer, mask=mask,
+                                       scope=scope, **opts)[0]
+    check_grads(f, (params, q, k, v), order=1, modes=("rev",), atol=1e-5, rtol=1e-5, eps=1e-6)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_vmap_equals_batched_and_jit_equals_eager(score):
+  q, k, v = _qkv(lead=(4,), Tq=3, Tk=5)
+  params = attn.init_score(score, jax.random.PRNGKey(1), 6, 6, d_attn=4, max_len=5)
+  mask = attn.masks.padding_mask(jnp.array([5, 1, 3, 0]), 5)  # [4, 1, 5]
+  run = lambda q, k, v, m: attn.attend(params, q, k, v, score=score, mask=m)
+  batched = run(q, k, v, mask)
+  mapped = jax.vmap(run)(q, k, v, mask)
+  with jax.disable_jit():
+    eager = run(q, k, v, mask)
+  for a, b in ((mapped, batched), (eager, batched)):
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a[1], b[1], rtol=1e-6, atol=1e-7)
+
+
+def test_bfloat16_inputs_accumulate_in_float32_and_return_input_dtype():
+  q, k, v = _qkv(lead=(2,), Tq=5, Tk=6, dtype=jnp.bfloat16)
+  ctx, w = attn.attend(None, q, k, v, score="scaled_dot")
+  assert ctx.dtype == jnp.bfloat16 and w.dtype == jnp.float32
+  ctx_ref, w_ref = ref.attend(ref.scaled_dot(None, q.astype(jnp.float32), k.astype(jnp.float32)),
+                              v.astype(jnp.float32))
+  np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ctx.astype(jnp.float32), ctx_ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(k=jnp.ones((2, 6, 6)), v=jnp.ones((2, 5, 3))), "disagree on Tk"),
+    (dict(mask=jnp.ones((2, 5, 7))), "boolean"),
+    (dict(mask=jnp.ones((2, 4, 7), bool)), "does not broadcast"),
+    (dict(scope="window"), "half_width"),
+    (dict(scope="topk"), "top_k"),
+    (dict(scope="local_p", half_width=2), "scope_params"),
+    (dict(scope="glocal"), "global"),
+])
+def test_bad_input_errors_name_the_problem(kwargs, match):
+  q, k, v = _qkv(lead=(2,), Tq=5, Tk=7)
+  args = dict(k=k, v=v) | kwargs
+  k_, v_ = args.pop("k"), args.pop("v")
+  with pytest.raises((ValueError, KeyError), match=match):
+    attn.attend(None, q, k_, v_, **args)
