@@ -37,10 +37,17 @@ def init_scope(name, key, dq, *, d_attn=None):
   return variant.init(key, dq, d_attn=d_attn)
 
 
+def prepare_keys(name, params, k):
+  """The key-side part of score `name` (e.g. U k for additive), to compute once per source and
+  pass to attend(..., keys_prepared=True). Identity for scores with nothing to precompute."""
+  variant = get(name, "score")
+  return k if variant.prepare is None else variant.prepare(params, k)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def score(name, params, q, k):
-  """Scores e: [..., Tq, Tk] float32 of the registered score `name`."""
-  return get(name, "score").fn(params, q, k)
+  """Scores e: [..., Tq, Tk] (float32, or float64 for float64 inputs) of the registered score."""
+  return get(name, "score").fn(params, q, prepare_keys(name, params, k))
 
 
 def _full_mask(mask, shape):
@@ -70,17 +77,17 @@ def normalize(e, mask=None, kind="softmax", temperature=1.0):
 
 
 def _check_qkv(q, k, v):
-  if k.shape[-2] != v.shape[-2]:
+  if k.shape[-2] != v.shape[-2]:  # k may be prepared (other feature size), never another length
     raise ValueError(f"keys and values disagree on Tk: k {k.shape} vs v {v.shape}")
   if q.ndim < 2 or k.ndim < 2:
     raise ValueError(f"q and k need at least [T, d], got q {q.shape}, k {k.shape}")
 
 
 @functools.partial(jax.jit, static_argnames=("score", "normalizer", "scope", "causal",
-                                             "half_width", "top_k"))
+                                             "half_width", "top_k", "keys_prepared"))
 def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, temperature=1.0,
            causal=False, scope="global", scope_params=None, half_width=None, top_k=None,
-           positions=None):
+           positions=None, keys_prepared=False):
   """Attention over keys with a named score, normalizer and scope.
 
   params: the score's parameters (None for dot / scaled_dot).
@@ -91,6 +98,7 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   Returns (context [..., Tq, dv] in v's dtype, weights [..., Tq, Tk] float32). context is
   weights @ v accumulated in float32; a query with no valid key gets zero weights and context.
   Linear attention returns weights=None (it never forms them).
+  keys_prepared: k is already `prepare_keys(score, params, k)` (decoders do this once per source).
   """
   _check_qkv(q, k, v)
   scope_variant = get(scope, "scope")
@@ -100,7 +108,8 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
       raise ValueError(f"scope {scope!r} has its own similarity (feature map): use a "
                        f"parameter-free score and normalizer='softmax', got {score!r}/{normalizer!r}")
     return scope_variant.fn(q, k, v, mask, causal=causal)
-  e = get(score, "score").fn(params, q, k)  # [..., Tq, Tk]
+  kp = k if keys_prepared else prepare_keys(score, params, k)
+  e = get(score, "score").fn(params, q, kp)  # [..., Tq, Tk]
   m = _full_mask(mask, e.shape)
   if causal:
     m = m & masks_lib.causal_mask(*e.shape[-2:])

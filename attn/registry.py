@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-KINDS = ("score", "normalizer", "scope")
+KINDS = ("score", "normalizer", "scope", "decoder", "cell")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,9 @@ class Variant:
   fn: the pure function (signature depends on the kind, see scores.py, normalizers.py, scopes.py).
   init: parameter initializer, or None for parameter-free variants.
   doc: one line for listings.
+  prepare: for scores, `prepare(params, k) -> k'`, the key-side work done once per source so a
+    decoder scoring the same keys at every step does not redo it (Bahdanau's U h_j); then
+    `fn(params, q, k')` is the score. None when there is nothing to precompute.
   full_attention: True for scopes that replace the whole score→normalize→sum pipeline (linear
     attention); then `fn` computes the context itself. False for scopes that mask or reweight.
   """
@@ -32,12 +35,13 @@ class Variant:
   doc: str = ""
   full_attention: bool = False
   alias_of: str | None = None
+  prepare: Callable[..., Any] | None = None
 
 
 VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
 
 
-def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False):
+def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None):
   """Decorator registering `fn` under `kind`/`name` (and aliases)."""
   if kind not in KINDS:
     raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
@@ -49,7 +53,7 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
         raise ValueError(f"{kind} {n!r} is already registered")
     for n in (name, *aliases):
       VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, full_attention,
-                                  alias_of=None if n == name else name)
+                                  alias_of=None if n == name else name, prepare=prepare)
     return fn
 
   return decorator

@@ -1,6 +1,8 @@
 """Alignment scores e_ij between queries and keys.
 
-Every score has the signature `fn(params, q, k) -> e` with q: [..., Tq, dq], k: [..., Tk, dk],
+A score is registered as two stages: an optional `prepare(params, k) -> k'` (key-side work, done
+once per source; identity when absent) and `fn(params, q, k') -> e`. `attn.score` runs both. With
+q: [..., Tq, dq], k: [..., Tk, dk],
 e: [..., Tq, Tk] in the accumulation dtype (float32, or float64 for float64 inputs). Parameter-free
 scores take params=None. Initializers have the signature
 `init(key, dq, dk, *, d_attn=None, max_len=None) -> params`.
@@ -53,12 +55,17 @@ def init_general(key, dq, dk, *, d_attn=None, max_len=None):
   return {"W": _lecun(key, (dq, dk), _F32)}
 
 
-@register("score", "general", init=init_general, aliases=("bilinear",))
-def general(params, q, k):
-  """Luong general (bilinear): e_ij = q_i W k_j^T, W: [dq, dk]."""
-  acc = accum_dtype(q, k)
-  qw = jnp.einsum("...qd,de->...qe", q, params["W"].astype(q.dtype), preferred_element_type=acc)
-  return jnp.einsum("...qe,...ke->...qk", qw, k.astype(acc), preferred_element_type=acc)
+def general_keys(params, k):
+  """k W^T: [..., Tk, dq], so the per-query work is a dot product."""
+  return jnp.einsum("...ke,de->...kd", k, params["W"].astype(k.dtype),
+                    preferred_element_type=accum_dtype(k))
+
+
+@register("score", "general", init=init_general, aliases=("bilinear",), prepare=general_keys)
+def general(params, q, kp):
+  """Luong general (bilinear): e_ij = q_i W k_j^T, W: [dq, dk]; kp = k W^T from general_keys."""
+  acc = accum_dtype(q, kp)
+  return jnp.einsum("...qd,...kd->...qk", q.astype(acc), kp.astype(acc))
 
 
 def init_additive(key, dq, dk, *, d_attn=None, max_len=None):
@@ -69,17 +76,22 @@ def init_additive(key, dq, dk, *, d_attn=None, max_len=None):
           "b": jnp.zeros((d_attn,), _F32), "v": _lecun(kv, (d_attn, 1), _F32)[:, 0]}
 
 
-@register("score", "additive", init=init_additive, aliases=("concat",))
-def additive(params, q, k):
-  """Bahdanau additive (Luong concat): e_ij = v^T tanh(W q_i + U k_j + b).
+def additive_keys(params, k):
+  """U k_j: [..., Tk, d_attn] (Bahdanau's precomputed key projection)."""
+  return jnp.einsum("...kd,da->...ka", k, params["U"].astype(k.dtype),
+                    preferred_element_type=accum_dtype(k))
+
+
+@register("score", "additive", init=init_additive, aliases=("concat",), prepare=additive_keys)
+def additive(params, q, kp):
+  """Bahdanau additive (Luong concat): e_ij = v^T tanh(W q_i + U k_j + b); kp = U k from additive_keys.
 
   Materializes a [..., Tq, Tk, d_attn] tensor; `kernels.additive_attention` is the fused form.
   """
-  acc = accum_dtype(q, k)
+  acc = accum_dtype(q, kp)
   qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype), preferred_element_type=acc)
-  kp = jnp.einsum("...kd,da->...ka", k, params["U"].astype(k.dtype), preferred_element_type=acc)
-  h = jnp.tanh(qp[..., :, None, :] + kp[..., None, :, :] + params["b"])  # [..., Tq, Tk, da]
-  return jnp.einsum("...qka,a->...qk", h, params["v"])
+  h = jnp.tanh(qp[..., :, None, :] + kp.astype(acc)[..., None, :, :] + params["b"])  # [..., Tq, Tk, da]
+  return jnp.einsum("...qka,a->...qk", h, params["v"].astype(acc))
 
 
 def init_location(key, dq, dk, *, d_attn=None, max_len=None):

@@ -48,7 +48,7 @@ def test_score_gradients(name):
   with jax.enable_x64(True):
     params, q, k = _inputs(name, (2,), 3, 4, dtype=jnp.float64)
     params = jax.tree.map(lambda p: p.astype(jnp.float64), params)
-    f = lambda p, q, k: attn.get(name, "score").fn(p, q, k)
+    f = lambda p, q, k: attn.score(name, p, q, k)
     check_grads(f, (params, q, k), order=2, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
@@ -56,6 +56,17 @@ def test_score_gradients(name):
 def test_aliases_compute_the_same_score(alias, name):
   params, q, k = _inputs(name, (), 4, 5)
   np.testing.assert_array_equal(attn.score(alias, params, q, k), attn.score(name, params, q, k))
+
+
+@pytest.mark.parametrize("name", SCORES)
+def test_prepared_keys_give_the_same_attention(name):
+  params, q, k = _inputs(name, (2,), 4, 5)
+  v = jax.random.normal(jax.random.PRNGKey(9), (2, 5, 3))
+  kp = attn.prepare_keys(name, params, k)
+  a = attn.attend(params, q, k, v, score=name)
+  b = attn.attend(params, q, kp, v, score=name, keys_prepared=True)
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
 def test_location_scores_positions_from_the_query_only():
