@@ -1,0 +1,225 @@
+"""Decoders: without attention (fixed vector), Bahdanau (RNNsearch) and Luong, on attn/ primitives.
+
+Axis names: B batch, Ts source length, Tt target length, E embedding, He encoder output size,
+D decoder hidden size, V target vocabulary.
+
+Every decoder exposes the same three pure methods, so teacher forcing and search share them:
+- `memory(enc) -> dict`: per-source arrays with a leading B axis (keys prepared once, values,
+  mask, the initial state); beam search tiles it like any other state.
+- `step(memory, state, y_prev, t, dropout_key) -> (state, logits [B, V], weights [B, Ts])`.
+- `teacher_force(memory, tgt_in, dropout_key) -> (logits [B, Tt, V], weights [B, Tt, Ts] or None)`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import attn
+from attn import registry
+from attn.models.encoder import dropout
+
+
+def _values(tree):
+  """Raw arrays of a pytree of nnx.Param (None stays None)."""
+  return jax.tree.map(lambda p: p[...], tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _step_positions(t, B):
+  """[B, 1] target positions from a scalar step (teacher forcing) or per-example steps [B] (search)."""
+  return jnp.broadcast_to(jnp.asarray(t).reshape(-1, 1), (B, 1))
+
+
+def _as_params(tree):
+  return None if tree is None else nnx.data(jax.tree.map(nnx.Param, tree))
+
+
+class RecurrentDecoder(nnx.Module):
+  """Shared parts: embeddings, a stack of cells, the initial-state bridge, the output layer."""
+
+  def __init__(self, cfg, d_in0, d_readout, *, rngs):
+    self.cfg = cfg
+    self.cell = registry.get(cfg.cell, "cell").fn
+    self.embed = nnx.Embed(cfg.tgt_vocab, cfg.emb_dim, rngs=rngs)
+    self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else cfg.dec_hidden, cfg.dec_hidden, rngs)
+                           for i in range(cfg.dec_layers)])
+    self.bridge = nnx.Linear(cfg.enc_out_dim, cfg.dec_hidden, rngs=rngs)  # s_0 = tanh(W h_enc)
+    self.out = nnx.Linear(d_readout, cfg.tgt_vocab, rngs=rngs)
+
+  def initial_state(self, enc):
+    h0 = jnp.tanh(self.bridge(enc.final))  # [B, D]
+    return {"carries": tuple(self.cell.carry_from_h(h0) for _ in range(self.cfg.dec_layers))}
+
+  def run_cells(self, carries, x, key):
+    """One time step through the stack. x: [B, d_in0] -> (carries, top output [B, D])."""
+    keys = [None] * len(carries) if key is None else list(jax.random.split(key, len(carries)))
+    new = []
+    for i, (cell, carry) in enumerate(zip(self.cells, carries)):
+      carry, x = cell(carry, x)
+      new.append(carry)
+      if i + 1 < len(carries):
+        x = dropout(x, self.cfg.dropout, keys[i])
+    return tuple(new), x
+
+  def embed_prev(self, y_prev, key):
+    return dropout(self.embed(y_prev), self.cfg.dropout, key)  # [B, E]
+
+  def teacher_force(self, memory, tgt_in, dropout_key=None):
+    """Scans `step` over the target (teacher forcing). tgt_in: [B, Tt] (BOS + target[:-1])."""
+    state = self.initial_state_from_memory(memory)
+
+    def body(state, inputs):
+      y_prev, t = inputs
+      key = None if dropout_key is None else jax.random.fold_in(dropout_key, t)
+      state, logits, w = self.step(memory, state, y_prev, t, key)
+      return state, (logits, w)
+
+    Tt = tgt_in.shape[1]
+    _, (logits, w) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
+    return jnp.swapaxes(logits, 0, 1), jnp.swapaxes(w, 0, 1)  # [B, Tt, V], [B, Tt, Ts]
+
+  def initial_state_from_memory(self, memory):
+    return {k[len("init_"):]: v for k, v in memory.items() if k.startswith("init_")}
+
+
+@registry.register("decoder", "none")
+class NoAttentionDecoder(RecurrentDecoder):
+  """Cho et al. (2014): the encoder summary c is the initial state and is fed at every step;
+  it is the only source information (the fixed-vector bottleneck)."""
+
+  def __init__(self, cfg, *, rngs):
+    De = cfg.enc_out_dim
+    super().__init__(cfg, cfg.emb_dim + De, cfg.dec_hidden, rngs=rngs)
+    self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
+
+  def memory(self, enc):
+    init = self.initial_state(enc)
+    return {"c": enc.final, "mask": enc.mask, **{"init_" + k: v for k, v in init.items()}}
+
+  def step(self, memory, state, y_prev, t, key=None):
+    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+    emb, c = self.embed_prev(y_prev, k1), memory["c"]
+    carries, h = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
+    o = jnp.tanh(self.readout(jnp.concatenate([h, c, emb], -1)))  # deep output (Cho et al. eq. 6)
+    logits = self.out(dropout(o, self.cfg.dropout, k3))
+    return {"carries": carries}, logits, jnp.zeros(memory["mask"].shape, jnp.float32)
+
+
+class AttentionMixin:
+  """Score/scope parameters and one attention call over the prepared memory."""
+
+  def init_attention(self, d_query, rngs):
+    cfg = self.cfg
+    key = rngs.params()
+    self.score_params = _as_params(attn.init_score(
+        cfg.score, key, d_query, self.d_keys, d_attn=cfg.d_attn, max_len=cfg.max_src_len))
+    self.scope_params = _as_params(attn.init_scope(
+        cfg.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.d_attn))
+
+  def attend(self, memory, q, positions):
+    """q: [B, Tq, dq]; positions: [B, Tq] target positions (local-m centres).
+    Returns context [B, Tq, He], weights [B, Tq, Ts]."""
+    cfg = self.cfg
+    return attn.attend(
+        _values(self.score_params), q, memory["keys"], memory["values"], score=cfg.score,
+        normalizer=cfg.normalizer, mask=memory["mask"][:, None, :], temperature=cfg.temperature,
+        scope=cfg.scope, scope_params=_values(self.scope_params), half_width=cfg.half_width,
+        positions=positions, keys_prepared=True)
+
+
+@registry.register("decoder", "bahdanau")
+class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
+  """RNNsearch (Bahdanau et al. 2015): e_tj = a(s_{t-1}, h_j) from the previous state, the context
+  c_t enters the recurrence s_t = f(s_{t-1}, y_{t-1}, c_t), deep output from (s_t, c_t, y_{t-1})."""
+
+  def __init__(self, cfg, *, rngs):
+    De = cfg.enc_out_dim
+    super().__init__(cfg, cfg.emb_dim + De, cfg.dec_hidden, rngs=rngs)
+    self.d_keys = De
+    self.init_attention(cfg.dec_hidden, rngs)
+    self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
+
+  def memory(self, enc):
+    init = self.initial_state(enc)
+    keys = attn.prepare_keys(self.cfg.score, _values(self.score_params), enc.outputs)  # U h_j once
+    return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
+            **{"init_" + k: v for k, v in init.items()}}
+
+  def step(self, memory, state, y_prev, t, key=None):
+    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+    emb = self.embed_prev(y_prev, k1)
+    s_prev = self.cell.h_of(state["carries"][-1])  # s_{t-1}: [B, D]
+    positions = _step_positions(t, y_prev.shape[0])
+    c, w = self.attend(memory, s_prev[:, None, :], positions)  # [B, 1, He], [B, 1, Ts]
+    c, w = c[:, 0], w[:, 0]
+    carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
+    o = jnp.tanh(self.readout(jnp.concatenate([s, c, emb], -1)))
+    return {"carries": carries}, self.out(dropout(o, self.cfg.dropout, k3)), w
+
+
+@registry.register("decoder", "luong")
+class LuongDecoder(AttentionMixin, RecurrentDecoder):
+  """Luong et al. (2015): h_t = RNN(h_{t-1}, [y_{t-1}; h~_{t-1}]) (input feeding optional),
+  c_t = attend(h_t, source), h~_t = tanh(W_c [c_t; h_t]) (eq. 5), p(y_t) = softmax(W_s h~_t)."""
+
+  def __init__(self, cfg, *, rngs):
+    De, D = cfg.enc_out_dim, cfg.dec_hidden
+    super().__init__(cfg, cfg.emb_dim + (D if cfg.input_feeding else 0), D, rngs=rngs)
+    # Parameter-free scores compare h_t with the keys directly: project the source to D first.
+    needs_proj = attn.get(cfg.score, "score").init is None
+    self.key_proj = nnx.Linear(De, D, use_bias=False, rngs=rngs) if needs_proj else None
+    self.d_keys = D if needs_proj else De
+    self.init_attention(D, rngs)
+    self.W_c = nnx.Linear(De + D, D, use_bias=False, rngs=rngs)
+
+  def memory(self, enc):
+    init = self.initial_state(enc)
+    init["h_tilde"] = jnp.zeros(enc.final.shape[:1] + (self.cfg.dec_hidden,), enc.final.dtype)
+    keys = enc.outputs if self.key_proj is None else self.key_proj(enc.outputs)
+    keys = attn.prepare_keys(self.cfg.score, _values(self.score_params), keys)
+    return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
+            **{"init_" + k: v for k, v in init.items()}}
+
+  def _output(self, c, h, key):
+    h_tilde = jnp.tanh(self.W_c(jnp.concatenate([c, h], -1)))  # eq. 5
+    return h_tilde, self.out(dropout(h_tilde, self.cfg.dropout, key))
+
+  def step(self, memory, state, y_prev, t, key=None):
+    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+    x = self.embed_prev(y_prev, k1)
+    if self.cfg.input_feeding:
+      x = jnp.concatenate([x, state["h_tilde"]], -1)
+    carries, h = self.run_cells(state["carries"], x, k2)
+    positions = _step_positions(t, y_prev.shape[0])
+    c, w = self.attend(memory, h[:, None, :], positions)
+    h_tilde, logits = self._output(c[:, 0], h, k3)
+    return {"carries": carries, "h_tilde": h_tilde}, logits, w[:, 0]
+
+  def teacher_force(self, memory, tgt_in, dropout_key=None):
+    if self.cfg.input_feeding:
+      return super().teacher_force(memory, tgt_in, dropout_key)
+    # Without input feeding the recurrence does not see the attention: run it over all target
+    # steps, then attend for all of them in one batched call (or one fused kernel call).
+    k1, k2, k3 = (None, None, None) if dropout_key is None else jax.random.split(dropout_key, 3)
+    B, Tt = tgt_in.shape
+    emb = dropout(self.embed(tgt_in), self.cfg.dropout, k1)  # [B, Tt, E]
+
+    def body(carries, inputs):
+      x, t = inputs
+      key = None if k2 is None else jax.random.fold_in(k2, t)
+      return self.run_cells(carries, x, key)
+
+    init = self.initial_state_from_memory(memory)
+    _, H = jax.lax.scan(body, init["carries"], (jnp.swapaxes(emb, 0, 1), jnp.arange(Tt)))
+    H = jnp.swapaxes(H, 0, 1)  # [B, Tt, D]
+    if self.cfg.fused:
+      import kernels  # pylint: disable=g-import-not-at-top  (kernels stay optional for attn/)
+      lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
+      C = kernels.attention(H[:, :, None, :], memory["keys"][:, :, None, :],
+                            memory["values"][:, :, None, :], key_lengths=lengths)[:, :, 0, :]
+      W = None  # the kernel never forms the [Tt, Ts] weights
+    else:
+      C, W = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
+    _, logits = self._output(C, H, k3)
+    return logits, W

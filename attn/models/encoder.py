@@ -1,0 +1,85 @@
+"""Recurrent cells (registered by name) and the (bi)directional multi-layer encoder.
+
+Axis names: B batch, Ts source length, E embedding size, He encoder output size.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attn import registry
+
+
+@registry.register("cell", "gru")
+class GRU:
+  """GRU (Cho et al. 2014); the carry is h."""
+  make = staticmethod(lambda d_in, d_hidden, rngs: nnx.GRUCell(d_in, d_hidden, rngs=rngs))
+  carry_from_h = staticmethod(lambda h: h)
+  h_of = staticmethod(lambda carry: carry)
+
+
+@registry.register("cell", "lstm")
+class LSTM:
+  """LSTM (Hochreiter & Schmidhuber 1997); the carry is (c, h), started from c = 0."""
+  make = staticmethod(lambda d_in, d_hidden, rngs: nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs))
+  carry_from_h = staticmethod(lambda h: (jnp.zeros_like(h), h))
+  h_of = staticmethod(lambda carry: carry[1])
+
+
+def dropout(x, rate, key):
+  """Inverted dropout; identity when key is None (evaluation) or rate == 0."""
+  if key is None or rate == 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+class EncoderOutput(NamedTuple):
+  """outputs: [B, Ts, He] (zeros past each length); final: [B, He] the fixed-vector summary
+  (last forward state, and first backward state when bidirectional); mask: [B, Ts] bool."""
+  outputs: jax.Array
+  final: jax.Array
+  mask: jax.Array
+
+
+class Encoder(nnx.Module):
+  """Embeddings + a stack of (bi)directional RNN layers with dropout between them."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    cell = registry.get(cfg.cell, "cell").fn
+    self.embed = nnx.Embed(cfg.src_vocab, cfg.emb_dim, rngs=rngs)
+    layers = []
+    d_in = cfg.emb_dim
+    for _ in range(cfg.enc_layers):
+      fwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs), return_carry=True)
+      if cfg.bidirectional:
+        bwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs), return_carry=True, reverse=True,
+                      keep_order=True)
+        layers.append(nnx.Bidirectional(fwd, bwd, return_carry=True))
+      else:
+        layers.append(fwd)
+      d_in = cfg.enc_out_dim
+    self.layers = nnx.List(layers)
+
+  def __call__(self, src, src_lengths, *, dropout_key=None) -> EncoderOutput:
+    """src: [B, Ts] int ids; src_lengths: [B]."""
+    cfg, h_of = self.cfg, registry.get(self.cfg.cell, "cell").fn.h_of
+    keys = [None] * (cfg.enc_layers + 1) if dropout_key is None else list(
+        jax.random.split(dropout_key, cfg.enc_layers + 1))
+    mask = jnp.arange(src.shape[1])[None, :] < src_lengths[:, None]  # [B, Ts]
+    x = dropout(self.embed(src), cfg.dropout, keys[0])  # [B, Ts, E]
+    for layer, key in zip(self.layers, keys[1:]):
+      carry, x = layer(x, seq_lengths=src_lengths)  # x: [B, Ts, He]
+      x = jnp.where(mask[..., None], x, 0.0)
+      if key is not None and layer is not self.layers[-1]:
+        x = dropout(x, cfg.dropout, key)
+    if cfg.bidirectional:
+      final = jnp.concatenate([h_of(carry[0]), h_of(carry[1])], axis=-1)  # [B, He]
+    else:
+      final = h_of(carry)
+    return EncoderOutput(x, final, mask)

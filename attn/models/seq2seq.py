@@ -1,0 +1,97 @@
+"""Encoder-decoder model, its loss, parameter counting and parameter-count matching.
+
+Batches (from attn.data): src [B, Ts], src_lengths [B], tgt [B, Tt] (target then EOS, PAD-padded),
+tgt_lengths [B]. The decoder input is BOS + tgt[:, :-1].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from attn import registry
+from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
+from attn.models.config import ModelConfig
+from attn.models.encoder import Encoder
+
+BOS_ID = 1
+
+
+class Seq2Seq(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.encoder = Encoder(cfg, rngs=rngs)
+    self.decoder = registry.get(cfg.decoder, "decoder").fn(cfg, rngs=rngs)
+
+  def memory(self, src, src_lengths, dropout_key=None):
+    """Encodes and prepares everything per-source the decoder needs (dict, leading axis B)."""
+    return self.decoder.memory(self.encoder(src, src_lengths, dropout_key=dropout_key))
+
+  def __call__(self, batch, dropout_key=None):
+    """Teacher-forced logits [B, Tt, V] and attention weights [B, Tt, Ts] (None when fused)."""
+    k_enc, k_dec = (None, None) if dropout_key is None else jax.random.split(dropout_key)
+    memory = self.memory(batch["src"], batch["src_lengths"], k_enc)
+    tgt = batch["tgt"]
+    tgt_in = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], axis=1)
+    return self.decoder.teacher_force(memory, tgt_in, k_dec)
+
+  def step_fn(self):
+    """`step(state, y_prev) -> (state, log_probs [B, V], weights [B, Ts])` for attn.decode; the
+    state carries the memory, so beam search tiles the source with the hypotheses."""
+    decoder = self.decoder
+
+    def step(state, y_prev):
+      dec_state, logits, w = decoder.step(state["memory"], state["dec"], y_prev, state["t"])
+      return ({"memory": state["memory"], "dec": dec_state, "t": state["t"] + 1},
+              jax.nn.log_softmax(logits.astype(jnp.float32)), w)
+
+    return step
+
+  def initial_decode_state(self, src, src_lengths):
+    memory = self.memory(src, src_lengths)
+    return {"memory": memory, "dec": self.decoder.initial_state_from_memory(memory),
+            "t": jnp.zeros((src.shape[0],), jnp.int32)}
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Seq2Seq:
+  return Seq2Seq(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def count_params(model_or_cfg) -> int:
+  """Number of trainable parameters, of a model or (without allocating) of a ModelConfig."""
+  if isinstance(model_or_cfg, ModelConfig):
+    model_or_cfg = nnx.eval_shape(lambda: build_model(model_or_cfg))
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(model_or_cfg, nnx.Param))))
+
+
+def match_param_count(cfg: ModelConfig, reference: ModelConfig) -> ModelConfig:
+  """`cfg` with dec_hidden chosen so its parameter count is as close as possible to `reference`'s
+  (the fair fixed-vector baseline: same budget, no attention). Count grows with dec_hidden."""
+  target = count_params(reference)
+  lo, hi = 1, max(cfg.dec_hidden, 8)
+  while count_params(cfg.replace(dec_hidden=hi)) < target:
+    hi *= 2
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if count_params(cfg.replace(dec_hidden=mid)) < target:
+      lo = mid
+    else:
+      hi = mid
+  best = min((lo, hi), key=lambda d: abs(count_params(cfg.replace(dec_hidden=d)) - target))
+  return cfg.replace(dec_hidden=best)
+
+
+def sequence_loss(logits, tgt, tgt_lengths, label_smoothing=0.0):
+  """Masked token cross-entropy. logits: [B, Tt, V]; tgt: [B, Tt]; tgt_lengths: [B].
+  Returns (sum of token losses, number of tokens, sum of unsmoothed NLL) as float32 scalars."""
+  V = logits.shape[-1]
+  logits = logits.astype(jnp.float32)
+  mask = (jnp.arange(tgt.shape[1])[None, :] < tgt_lengths[:, None]).astype(jnp.float32)
+  onehot = jax.nn.one_hot(tgt, V)
+  nll = optax.softmax_cross_entropy(logits, onehot)
+  smoothed = optax.softmax_cross_entropy(logits, optax.smooth_labels(onehot, label_smoothing)) \
+      if label_smoothing else nll
+  return jnp.sum(smoothed * mask), jnp.sum(mask), jnp.sum(nll * mask)

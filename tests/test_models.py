@@ -1,0 +1,112 @@
+"""Seq2seq models: every decoder's shapes and masks, padding invariance, teacher forcing = stepping."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attn.models import ModelConfig, build_model, count_params, match_param_count
+
+V_SRC, V_TGT = 23, 19
+VARIANTS = {
+    "none": dict(decoder="none"),
+    "bahdanau": dict(decoder="bahdanau"),
+    "bahdanau_lstm_2layer_sparsemax": dict(decoder="bahdanau", cell="lstm", enc_layers=2,
+                                           dec_layers=2, score="general", normalizer="sparsemax"),
+    "luong_feed": dict(decoder="luong", score="general"),
+    "luong_nofeed": dict(decoder="luong", score="dot", input_feeding=False),
+    "luong_local_m": dict(decoder="luong", score="scaled_dot", scope="local_m", half_width=2,
+                          input_feeding=False),
+    "luong_local_p": dict(decoder="luong", score="additive", scope="local_p", half_width=2),
+    "luong_location_entmax": dict(decoder="luong", score="location", normalizer="entmax15",
+                                  bidirectional=False),
+}
+
+
+def _cfg(**kw):
+  base = dict(src_vocab=V_SRC, tgt_vocab=V_TGT, emb_dim=8, enc_hidden=6, dec_hidden=10, d_attn=7,
+              max_src_len=16, dropout=0.0)
+  return ModelConfig(**(base | kw))
+
+
+def _batch(B=3, Ts=9, Tt=6, src_lengths=(9, 5, 1), tgt_lengths=(6, 3, 2), seed=0):
+  rng = np.random.default_rng(seed)
+  src = rng.integers(4, V_SRC, (B, Ts))
+  tgt = rng.integers(4, V_TGT, (B, Tt))
+  for b in range(B):
+    src[b, src_lengths[b]:] = 0
+    tgt[b, tgt_lengths[b]:] = 0
+  return {"src": jnp.asarray(src, jnp.int32), "src_lengths": jnp.asarray(src_lengths, jnp.int32),
+          "tgt": jnp.asarray(tgt, jnp.int32), "tgt_lengths": jnp.asarray(tgt_lengths, jnp.int32)}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_shapes_and_attention_masks(name):
+  model = build_model(_cfg(**VARIANTS[name]))
+  batch = _batch()
+  logits, w = model(batch)
+  assert logits.shape == (3, 6, V_TGT) and np.isfinite(logits).all()
+  assert w.shape == (3, 6, 9)
+  src_mask = np.arange(9)[None, :] < np.asarray(batch["src_lengths"])[:, None]
+  w = np.asarray(w)
+  assert (w * ~src_mask[:, None, :] == 0).all()  # no weight on source padding
+  if name == "none":
+    assert (w == 0).all()
+  elif "local" not in name:  # local-p weights carry a Gaussian gain; the rest sum to one
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_source_padding_does_not_change_outputs(name):
+  model = build_model(_cfg(**VARIANTS[name]))
+  batch = _batch()
+  logits, _ = model(batch)
+  wider = dict(batch, src=jnp.pad(batch["src"], ((0, 0), (0, 4)), constant_values=7))  # junk past lengths
+  logits2, w2 = model(wider)
+  np.testing.assert_allclose(logits2, logits, rtol=1e-5, atol=1e-5)
+  assert (np.asarray(w2)[:, :, 9:] == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_teacher_forcing_equals_step_by_step_decoding(name):
+  model = build_model(_cfg(**VARIANTS[name]))
+  batch = _batch()
+  logits, w = model(batch)
+  state = model.initial_decode_state(batch["src"], batch["src_lengths"])
+  step = model.step_fn()
+  y = jnp.ones((3,), jnp.int32)  # BOS
+  for t in range(6):
+    state, logp, w_t = step(state, y)
+    np.testing.assert_allclose(logp, jax.nn.log_softmax(logits[:, t]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w_t, w[:, t], rtol=1e-4, atol=1e-6)
+    y = batch["tgt"][:, t]
+
+
+def test_dropout_is_active_only_with_a_key():
+  model = build_model(_cfg(decoder="bahdanau", dropout=0.5))
+  batch = _batch()
+  a, _ = model(batch)
+  b, _ = model(batch)
+  c, _ = model(batch, dropout_key=jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
+
+
+def test_no_attention_model_can_be_sized_to_an_attention_models_budget():
+  ref = _cfg(decoder="bahdanau", d_attn=32)
+  matched = match_param_count(_cfg(decoder="none"), ref)
+  n, n_ref = count_params(matched), count_params(ref)
+  step = count_params(matched.replace(dec_hidden=matched.dec_hidden + 1)) - n
+  assert abs(n - n_ref) <= step  # as close as one hidden unit allows
+  assert count_params(build_model(matched)) == n
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(decoder="transformer"), "Known"),
+    (dict(score="cosine"), "Known"),
+    (dict(fused=True, decoder="bahdanau"), "fused=True"),
+    (dict(dropout=1.0), "dropout"),
+])
+def test_bad_config_errors(kw, match):
+  with pytest.raises((ValueError, KeyError), match=match):
+    _cfg(**kw)
