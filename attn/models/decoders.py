@@ -3,10 +3,13 @@
 Axis names: B batch, Ts source length, Tt target length, E embedding, He encoder output size,
 D decoder hidden size, V target vocabulary.
 
-Every decoder exposes the same three pure methods, so teacher forcing and search share them:
+Every decoder exposes the same pure methods, so teacher forcing and search share them:
 - `memory(enc) -> dict`: per-source arrays with a leading B axis (keys prepared once, values,
   mask, the initial state); beam search tiles it like any other state.
-- `step(memory, state, y_prev, t, dropout_key) -> (state, logits [B, V], weights [B, Ts])`.
+- `recur(memory, state, y_prev, t, key) -> (state, features [B, F], weights [B, Ts])`: the
+  recurrent part of one step; `project(features, key) -> logits [..., V]`: the output layer.
+  Teacher forcing scans `recur` and projects all steps in one matmul (the [D, V] output layer is
+  most of a step's FLOPs); `step` = recur + project, for search.
 - `teacher_force(memory, tgt_in, dropout_key) -> (logits [B, Tt, V], weights [B, Tt, Ts] or None)`.
 """
 
@@ -66,18 +69,32 @@ class RecurrentDecoder(nnx.Module):
     return dropout(self.embed(y_prev), self.cfg.dropout, key)  # [B, E]
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
-    """Scans `step` over the target (teacher forcing). tgt_in: [B, Tt] (BOS + target[:-1])."""
+    """Scans `recur` over the target, then projects every step at once.
+    tgt_in: [B, Tt] (BOS + target[:-1])."""
     state = self.initial_state_from_memory(memory)
+    k_rec, k_out = (None, None) if dropout_key is None else jax.random.split(dropout_key)
 
     def body(state, inputs):
       y_prev, t = inputs
-      key = None if dropout_key is None else jax.random.fold_in(dropout_key, t)
-      state, logits, w = self.step(memory, state, y_prev, t, key)
-      return state, (logits, w)
+      key = None if k_rec is None else jax.random.fold_in(k_rec, t)
+      state, feats, w = self.recur(memory, state, y_prev, t, key)
+      return state, (feats, w)
 
     Tt = tgt_in.shape[1]
-    _, (logits, w) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
-    return jnp.swapaxes(logits, 0, 1), jnp.swapaxes(w, 0, 1)  # [B, Tt, V], [B, Tt, Ts]
+    _, (feats, w) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
+    logits = self.project(jnp.swapaxes(feats, 0, 1), k_out)  # [B, Tt, V]
+    return logits, jnp.swapaxes(w, 0, 1)  # [B, Tt, Ts]
+
+  def step(self, memory, state, y_prev, t, key=None):
+    """One decoding step: (state, logits [B, V], weights [B, Ts])."""
+    k_rec, k_out = (None, None) if key is None else jax.random.split(key)
+    state, feats, w = self.recur(memory, state, y_prev, t, k_rec)
+    return state, self.project(feats, k_out), w
+
+  def project(self, feats, key=None):
+    """Deep output (Cho et al. 2014 eq. 6 / Bahdanau's readout): tanh(W_r feats) -> W_o."""
+    o = jnp.tanh(self.readout(feats))
+    return self.out(dropout(o, self.cfg.dropout, key))
 
   def initial_state_from_memory(self, memory):
     return {k[len("init_"):]: v for k, v in memory.items() if k.startswith("init_")}
@@ -97,13 +114,12 @@ class NoAttentionDecoder(RecurrentDecoder):
     init = self.initial_state(enc)
     return {"c": enc.final, "mask": enc.mask, **{"init_" + k: v for k, v in init.items()}}
 
-  def step(self, memory, state, y_prev, t, key=None):
-    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+  def recur(self, memory, state, y_prev, t, key=None):
+    k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb, c = self.embed_prev(y_prev, k1), memory["c"]
     carries, h = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
-    o = jnp.tanh(self.readout(jnp.concatenate([h, c, emb], -1)))  # deep output (Cho et al. eq. 6)
-    logits = self.out(dropout(o, self.cfg.dropout, k3))
-    return {"carries": carries}, logits, jnp.zeros(memory["mask"].shape, jnp.float32)
+    feats = jnp.concatenate([h, c, emb], -1)
+    return {"carries": carries}, feats, jnp.zeros(memory["mask"].shape, jnp.float32)
 
 
 class AttentionMixin:
@@ -146,16 +162,15 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
-  def step(self, memory, state, y_prev, t, key=None):
-    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+  def recur(self, memory, state, y_prev, t, key=None):
+    k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb = self.embed_prev(y_prev, k1)
     s_prev = self.cell.h_of(state["carries"][-1])  # s_{t-1}: [B, D]
     positions = _step_positions(t, y_prev.shape[0])
     c, w = self.attend(memory, s_prev[:, None, :], positions)  # [B, 1, He], [B, 1, Ts]
     c, w = c[:, 0], w[:, 0]
     carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
-    o = jnp.tanh(self.readout(jnp.concatenate([s, c, emb], -1)))
-    return {"carries": carries}, self.out(dropout(o, self.cfg.dropout, k3)), w
+    return {"carries": carries}, jnp.concatenate([s, c, emb], -1), w
 
 
 @registry.register("decoder", "luong")
@@ -181,20 +196,22 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
-  def _output(self, c, h, key):
-    h_tilde = jnp.tanh(self.W_c(jnp.concatenate([c, h], -1)))  # eq. 5
-    return h_tilde, self.out(dropout(h_tilde, self.cfg.dropout, key))
+  def attentional_state(self, c, h):
+    return jnp.tanh(self.W_c(jnp.concatenate([c, h], -1)))  # h~_t, eq. 5
 
-  def step(self, memory, state, y_prev, t, key=None):
-    k1, k2, k3 = (None, None, None) if key is None else jax.random.split(key, 3)
+  def project(self, h_tilde, key=None):
+    return self.out(dropout(h_tilde, self.cfg.dropout, key))  # eq. 6
+
+  def recur(self, memory, state, y_prev, t, key=None):
+    k1, k2 = (None, None) if key is None else jax.random.split(key)
     x = self.embed_prev(y_prev, k1)
     if self.cfg.input_feeding:
       x = jnp.concatenate([x, state["h_tilde"]], -1)
     carries, h = self.run_cells(state["carries"], x, k2)
     positions = _step_positions(t, y_prev.shape[0])
     c, w = self.attend(memory, h[:, None, :], positions)
-    h_tilde, logits = self._output(c[:, 0], h, k3)
-    return {"carries": carries, "h_tilde": h_tilde}, logits, w[:, 0]
+    h_tilde = self.attentional_state(c[:, 0], h)
+    return {"carries": carries, "h_tilde": h_tilde}, h_tilde, w[:, 0]
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
     if self.cfg.input_feeding:
@@ -221,5 +238,4 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
       W = None  # the kernel never forms the [Tt, Ts] weights
     else:
       C, W = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
-    _, logits = self._output(C, H, k3)
-    return logits, W
+    return self.project(self.attentional_state(C, H), k3), W
