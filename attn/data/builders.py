@@ -1,0 +1,123 @@
+"""TFDS builders (array_record, no TensorFlow) for the built-in tasks and the local corpora.
+
+Each run's settings become a BuilderConfig whose name carries a hash of them (task settings and
+seed; file paths, sizes and modification times), so a changed file or setting is written again
+and an unchanged one is read from `<cache_dir>/<builder>/<config>/1.0.0/`. Records keep the
+order they were generated or read in (`disable_shuffling`): record i of a split is line i + 1 of
+its files, and its `id` field is i.
+
+Features: `id` int64, `src` and `tgt` text; built-in tasks add `align`, [K, 2] int32 (target
+token, source token) pairs (see tasks.py).
+
+This module imports tensorflow_datasets at import time: import it lazily (sources.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from attn.data import corpora, tasks
+from attn.data.base import DataError
+from attn.data.config import DataConfig
+
+_VERSION = "1.0.0"
+
+
+@dataclasses.dataclass(eq=False)
+class AttnBuilderConfig(tfds.core.BuilderConfig):
+  """params: JSON of everything the records depend on."""
+  params: str = dataclasses.field(default="{}", repr=False)
+
+
+def config_for(prefix: str, params: dict) -> AttnBuilderConfig:
+  blob = json.dumps(params, sort_keys=True, ensure_ascii=False)
+  digest = hashlib.sha1(blob.encode("utf-8")).hexdigest()[:16]
+  return AttnBuilderConfig(name=f"{prefix}_{digest}", version=_VERSION, params=blob,
+                           description=f"{prefix} (settings hash {digest})")
+
+
+def _text_features(with_align: bool):
+  feats = {"id": np.int64, "src": tfds.features.Text(), "tgt": tfds.features.Text()}
+  if with_align:
+    feats["align"] = tfds.features.Tensor(shape=(None, 2), dtype=np.int32)
+  return tfds.features.FeaturesDict(feats)
+
+
+class AttnTask(tfds.core.GeneratorBasedBuilder):
+  """A built-in task's train/eval/test splits, generated from the seed. params: the DataConfig
+  fields of tasks.Task.fingerprint plus the split sizes."""
+  VERSION = tfds.core.Version(_VERSION)
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=_text_features(True), disable_shuffling=True,
+                                          description="attn built-in task (attn/data/tasks.py)")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    p = json.loads(self.builder_config.params)
+    return {role: self._generate_examples(role, size) for role, size in p["sizes"].items() if size}
+
+  def _generate_examples(self, role, size):
+    p = json.loads(self.builder_config.params)
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in p["config"].items()
+                if k != "version"}
+    task = tasks.get_task(DataConfig(**settings))
+    for i, ex in enumerate(task.generate(role, size)):
+      yield i, {"id": i, "src": ex.src, "tgt": ex.tgt, "align": ex.align}
+
+
+class AttnText(tfds.core.GeneratorBasedBuilder):
+  """Local parallel text or JSON lines. params: kind ("parallel_text" | "jsonl"), the files of each
+  split (with size and mtime), and for jsonl the two fields."""
+  VERSION = tfds.core.Version(_VERSION)
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=_text_features(False), disable_shuffling=True,
+                                          description="attn local corpus (attn/data/corpora.py)")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    p = json.loads(self.builder_config.params)
+    return {split: self._generate_examples(files) for split, files in p["splits"].items()}
+
+  def _generate_examples(self, files):
+    p = json.loads(self.builder_config.params)
+    paths = [f["path"] for f in files]
+    if p["kind"] == "parallel_text":
+      pairs = corpora.read_parallel(*paths)
+    else:
+      pairs = corpora.read_jsonl(paths[0], p["src_field"], p["tgt_field"])
+    for i, (src, tgt) in enumerate(pairs):
+      yield i, {"id": i, "src": src, "tgt": tgt}
+
+
+def file_entry(path: str) -> dict:
+  st = os.stat(path)
+  return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def prepare(builder_cls, config: AttnBuilderConfig, cache_dir: str, validate=None):
+  """The builder, written to cache_dir first if it is not there yet (after `validate()`)."""
+  tfds.disable_progress_bar()
+  builder = builder_cls(config=config, data_dir=cache_dir, file_format="array_record")
+  if not builder.is_prepared():
+    if validate is not None:
+      validate()
+    try:
+      builder.download_and_prepare()
+    except DataError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      cause = e
+      while cause is not None and not isinstance(cause, DataError):
+        cause = cause.__cause__ or cause.__context__
+      if cause is not None:
+        raise cause from e
+      raise
+  return builder

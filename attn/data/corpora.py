@@ -1,0 +1,122 @@
+"""Local corpora: parallel text files and JSON lines, read strictly.
+
+- Parallel text: `<dir>/<split>.<lang>` or `<dir>/<split>.<lang>.gz`, one sentence a line, UTF-8;
+  line i of the source file translates line i of the target file.
+- JSON lines: `<dir>/<split>.jsonl[.gz]`, one object a line with a source and a target string field.
+
+Lines are split on "\\n" only (not on the other characters `str.splitlines` treats as breaks, which
+would shift the pairing), a trailing "\\r" and a leading BOM are removed, and whitespace is collapsed
+(`tokenize.normalize_whitespace`). Problems raise `DataError` with the file and line: a missing
+file, different line counts (both files and both counts), bytes that are not UTF-8, a bad JSON line
+or a missing/non-string field, a corrupt gzip stream.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from typing import Iterator
+
+from attn.data.base import DataError
+from attn.data.tokenize import normalize_whitespace
+
+
+def find_file(directory: str, stem: str) -> str:
+  """`<directory>/<stem>` or `<stem>.gz`; DataError listing the directory if neither exists."""
+  for name in (stem, stem + ".gz"):
+    path = os.path.join(directory, name)
+    if os.path.isfile(path):
+      return path
+  if not os.path.isdir(directory):
+    raise DataError(f"data directory {directory!r} does not exist (set data.dir; the shared corpora "
+                    "live in ../shared/data or $ATTN_SHARED_DATA)")
+  present = ", ".join(sorted(os.listdir(directory))[:20]) or "nothing"
+  raise DataError(f"no file {stem}[.gz] in {directory} (it holds: {present})")
+
+
+def _open(path: str):
+  return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_lines(path: str) -> Iterator[str]:
+  """Decoded, whitespace-normalized lines of a text file (plain or gzip)."""
+  try:
+    with _open(path) as f:
+      for lineno, raw in enumerate(f, start=1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+          raw = raw[3:]
+        try:
+          text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                          f"{e.start + 1})") from None
+        yield normalize_whitespace(text)
+  except (OSError, EOFError, gzip.BadGzipFile) as e:
+    raise DataError(f"{path}: cannot read ({e})") from e
+
+
+def count_lines(path: str) -> int:
+  """Number of lines (a last line without "\\n" counts), decoding each to catch bad bytes early."""
+  return sum(1 for _ in read_lines(path))
+
+
+def parallel_paths(directory: str, split: str, src_lang: str, tgt_lang: str) -> tuple[str, str]:
+  return (find_file(directory, f"{split}.{src_lang}"), find_file(directory, f"{split}.{tgt_lang}"))
+
+
+def check_parallel(src_path: str, tgt_path: str) -> int:
+  """Reads both files fully; returns the pair count or raises on bad bytes or different counts."""
+  n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+  if n_src != n_tgt:
+    raise DataError(f"parallel files differ in length: {src_path} has {n_src} lines, "
+                    f"{tgt_path} has {n_tgt}")
+  return n_src
+
+
+def read_parallel(src_path: str, tgt_path: str) -> Iterator[tuple[str, str]]:
+  """(source, target) pairs; raises DataError if one file ends first (after `check_parallel` it cannot)."""
+  src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
+  n = 0
+  for n, (s, t) in enumerate(zip(src_it, tgt_it), start=1):
+    yield s, t
+  rest_src, rest_tgt = sum(1 for _ in src_it), sum(1 for _ in tgt_it)
+  if rest_src or rest_tgt:
+    raise DataError(f"parallel files differ in length: {src_path} has {n + rest_src} lines, "
+                    f"{tgt_path} has {n + rest_tgt}")
+
+
+def jsonl_path(directory: str, split: str) -> str:
+  return find_file(directory, f"{split}.jsonl")
+
+
+def read_jsonl(path: str, src_field: str, tgt_field: str) -> Iterator[tuple[str, str]]:
+  """(source, target) from each line's `src_field` and `tgt_field` (blank lines are errors too)."""
+  if not src_field or not tgt_field:
+    raise DataError("jsonl needs data.src_field and data.tgt_field (e.g. email, subject)")
+  try:
+    with _open(path) as f:
+      for lineno, raw in enumerate(f, start=1):
+        try:
+          obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+          raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                          f"{e.start + 1})") from None
+        except ValueError as e:
+          raise DataError(f"{path}:{lineno}: not a JSON object ({e})") from None
+        if not isinstance(obj, dict):
+          raise DataError(f"{path}:{lineno}: not a JSON object")
+        pair = []
+        for field in (src_field, tgt_field):
+          if field not in obj:
+            raise DataError(f"{path}:{lineno}: no field {field!r} (fields: {', '.join(sorted(obj))})")
+          if not isinstance(obj[field], str):
+            raise DataError(f"{path}:{lineno}: field {field!r} is {type(obj[field]).__name__}, not a string")
+          pair.append(normalize_whitespace(obj[field]))
+        yield pair[0], pair[1]
+  except (OSError, EOFError, gzip.BadGzipFile) as e:
+    raise DataError(f"{path}: cannot read ({e})") from e
+
+
+def check_jsonl(path: str, src_field: str, tgt_field: str) -> int:
+  return sum(1 for _ in read_jsonl(path, src_field, tgt_field))

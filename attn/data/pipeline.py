@@ -1,0 +1,412 @@
+"""`load(data_config, workdir) -> DataBundle`: vocabularies, bucketed batches, references.
+
+    TFDS data source (records) --lengths pass--> policies (drop/truncate/error) --> buckets
+    grain.MapDataset.source(batch plan).map(collate) --> numpy batches
+
+A batch is a dict of numpy arrays (B and the widths fixed per bucket, see `DataBundle.shapes`):
+  src          [B, Ts] int32  source ids, then EOS, then PAD (=0)
+  src_lengths  [B]     int32  tokens incl. EOS (0 for the filler rows that complete eval batches)
+  tgt          [B, Tt] int32  target ids, then EOS, then PAD; the decoder input is BOS + tgt[:, :-1]
+  tgt_lengths  [B]     int32  incl. EOS
+  example_id   [B]     int32  record index in its split (line number - 1 for text files); -1 = filler
+  alignments   [B, Tt, Ts] float32, built-in tasks only: row t is the gold distribution over the
+               source positions target token t comes from (rows of aligned tokens sum to 1, target
+               EOS -> source EOS, unaligned tokens and padding all zero).
+
+Training: `bundle.train_iter(start_step)` is infinite, reshuffled every epoch from (seed, epoch),
+and a pure function of the step: batch k is the same whether reached by iterating or by resuming
+at k. Evaluation: `bundle.batches("eval")` / `("test")` is one exact pass over every example (none
+dropped; over-long ones truncated), in bucket order; put outputs back in corpus order with
+`example_id` and score them against `bundle.references(role)`.
+
+Bad input: `DataError` (see base.py) before any batch is made.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import sys
+import tempfile
+import threading
+from typing import Iterator
+
+import numpy as np
+from absl import logging
+
+from attn.data import bucketing
+from attn.data.base import EOS, PAD, DataError, get_source
+from attn.data.config import DataConfig
+from attn.data.tokenize import Vocab, build_vocab, load_vocab, vocab_from_counts
+
+_CHUNK = 1024  # records read per call when scanning a split
+
+
+def _records(ds, indices) -> list:
+  indices = [int(i) for i in indices]
+  if hasattr(ds, "__getitems__"):
+    return list(ds.__getitems__(indices))
+  return [ds[i] for i in indices]
+
+
+def _scan(ds, read) -> Iterator[tuple[str, str]]:
+  """(src, tgt) text of every record in order, read in chunks."""
+  n = len(ds)
+  for start in range(0, n, _CHUNK):
+    for rec in _records(ds, range(start, min(n, start + _CHUNK))):
+      yield read(rec)
+
+
+@dataclasses.dataclass
+class SplitData:
+  """One split after the policies. Arrays are [N] over the kept examples, in record order.
+
+  record: index of the example in the split's data source (= example_id).
+  src_len, tgt_len: widths incl. EOS, after truncation.  bucket: index into DataBundle.shapes.
+  counts: read, kept, dropped_empty, dropped_long, truncated.
+  """
+  role: str
+  name: str
+  description: str
+  source: object
+  record: np.ndarray
+  src_len: np.ndarray
+  tgt_len: np.ndarray
+  bucket: np.ndarray
+  counts: dict
+
+  def __len__(self) -> int:
+    return int(self.record.size)
+
+
+class _Collate:
+  """grain map: (bucket, rows) -> batch dict (see module docstring)."""
+
+  def __init__(self, split: SplitData, src_vocab: Vocab, tgt_vocab: Vocab, shapes, read,
+               read_alignment=None):
+    self.split, self.src_vocab, self.tgt_vocab = split, src_vocab, tgt_vocab
+    self.shapes, self.read, self.read_alignment = shapes, read, read_alignment
+
+  def __call__(self, item) -> dict[str, np.ndarray]:
+    k, rows = item
+    ts, tt = self.shapes[k]
+    b = rows.size
+    sp = self.split
+    batch = {
+        "src": np.full((b, ts), PAD, np.int32),
+        "src_lengths": np.zeros((b,), np.int32),
+        "tgt": np.full((b, tt), PAD, np.int32),
+        "tgt_lengths": np.zeros((b,), np.int32),
+        "example_id": np.full((b,), -1, np.int32),
+    }
+    if self.read_alignment is not None:
+      batch["alignments"] = np.zeros((b, tt, ts), np.float32)
+    valid = np.flatnonzero(rows >= 0)
+    recs = _records(sp.source, sp.record[rows[valid]])
+    for r, rec in zip(valid, recs):
+      row = rows[r]
+      sl, tl = int(sp.src_len[row]), int(sp.tgt_len[row])
+      src_text, tgt_text = self.read(rec)
+      src_ids = self.src_vocab.encode(src_text)[:sl - 1]
+      tgt_ids = self.tgt_vocab.encode(tgt_text)[:tl - 1]
+      if len(src_ids) != sl - 1 or len(tgt_ids) != tl - 1:
+        raise DataError(f"{sp.description}: record {sp.record[row]} no longer has the length "
+                        "measured at load time (stale lengths cache? delete <workdir>/data_lengths)")
+      batch["src"][r, :sl - 1] = src_ids
+      batch["src"][r, sl - 1] = EOS
+      batch["tgt"][r, :tl - 1] = tgt_ids
+      batch["tgt"][r, tl - 1] = EOS
+      batch["src_lengths"][r], batch["tgt_lengths"][r] = sl, tl
+      batch["example_id"][r] = sp.record[row]
+      if self.read_alignment is not None:
+        a = batch["alignments"][r]  # [Tt, Ts] view
+        pairs = self.read_alignment(rec)
+        keep = (pairs[:, 0] < tl - 1) & (pairs[:, 1] < sl - 1)
+        a[pairs[keep, 0], pairs[keep, 1]] = 1.0
+        a[tl - 1, sl - 1] = 1.0  # EOS -> EOS
+        a /= np.maximum(a.sum(1, keepdims=True), 1.0)
+    return batch
+
+
+class _TrainPlan:
+  """Infinite sequence: step -> (bucket, rows); epoch e's order comes from rng([seed, e])."""
+
+  def __init__(self, bucket: np.ndarray, sizes: list[int], seed: int):
+    self.bucket, self.sizes, self.seed = bucket, sizes, seed
+    self.per_epoch = len(bucketing.train_plan(bucket, sizes, np.random.default_rng(0)))
+    self._cache: dict[int, list] = {}
+    self._lock = threading.Lock()  # grain reads from several threads
+
+  def epoch(self, e: int) -> list:
+    with self._lock:
+      if e not in self._cache:
+        if len(self._cache) > 2:
+          self._cache.pop(min(self._cache))
+        self._cache[e] = bucketing.train_plan(self.bucket, self.sizes,
+                                              np.random.default_rng([self.seed, e]))
+      return self._cache[e]
+
+  def __len__(self) -> int:
+    return sys.maxsize
+
+  def __getitem__(self, step: int):
+    e, j = divmod(int(step), self.per_epoch)
+    return self.epoch(e)[j]
+
+
+@dataclasses.dataclass
+class DataBundle:
+  """Everything the training code needs from the data.
+
+  config: the validated DataConfig.  src_vocab, tgt_vocab: Vocab (the same object if shared).
+  shapes: [(Ts, Tt)] per bucket; train_batch_sizes / eval_batch_sizes: B per bucket, so the batch
+    shapes are (B_k, Ts_k) and (B_k, Tt_k): at most len(shapes) compilations per split kind.
+  splits: role ("train", "eval", "test") -> SplitData, for the roles the data has.
+  has_alignments: batches carry `alignments` (built-in tasks).
+  steps_per_epoch: training batches in one pass over the training split.
+  """
+  config: DataConfig
+  src_vocab: Vocab
+  tgt_vocab: Vocab
+  shapes: list[tuple[int, int]]
+  train_batch_sizes: list[int]
+  eval_batch_sizes: list[int]
+  splits: dict[str, SplitData]
+  has_alignments: bool
+  _source: object = dataclasses.field(repr=False, default=None)
+  _plan: _TrainPlan | None = dataclasses.field(repr=False, default=None)
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return self._plan.per_epoch
+
+  def _collate(self, role: str) -> _Collate:
+    src = self._source
+    return _Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
+                    src.read_alignment if self.has_alignments else None)
+
+  def train_dataset(self):
+    """Infinite grain.MapDataset of training batches; element k = the batch of step k."""
+    import grain  # pylint: disable=import-outside-toplevel
+    return grain.MapDataset.source(self._plan).map(self._collate("train"))
+
+  def train_iter(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Training batches from `start_step` on (resume with the number of batches consumed).
+
+    With data.num_threads > 0, grain threads prepare data.prefetch batches ahead. The iterator's
+    get_state()/set_state() ({"next_index": k}, relative to start_step) also checkpoint it.
+    """
+    import grain  # pylint: disable=import-outside-toplevel
+    ds = self.train_dataset().slice(slice(int(start_step), None))
+    if self.config.num_threads <= 0:
+      return (ds[i] for i in range(len(ds)))
+    opts = grain.ReadOptions(num_threads=self.config.num_threads,
+                             prefetch_buffer_size=self.config.prefetch)
+    return iter(ds.to_iter_dataset(opts))
+
+  def eval_plan(self, role: str) -> list:
+    sp = self.splits[role]
+    return bucketing.eval_plan(sp.bucket, self.eval_batch_sizes, self.shapes, sp.src_len, sp.tgt_len)
+
+  def batches(self, role: str = "eval") -> Iterator[dict[str, np.ndarray]]:
+    """One exact pass over the split of `role` ("eval" or "test"; "train" too, unshuffled)."""
+    if role not in self.splits:
+      raise DataError(f"no {role} split (data.{role}_split is empty or the task has none)")
+    collate = self._collate(role)
+    for item in self.eval_plan(role):
+      yield collate(item)
+
+  def eval_batches(self):
+    return self.batches("eval")
+
+  def test_batches(self):
+    return self.batches("test")
+
+  def references(self, role: str = "test") -> list[str]:
+    """Target text of every record of the split, indexed by example_id (raw text, not tokenized)."""
+    return [t for _, t in _scan(self.splits[role].source, self._source.read)]
+
+  def sources(self, role: str = "test") -> list[str]:
+    """Source text of every record of the split, indexed by example_id."""
+    return [s for s, _ in _scan(self.splits[role].source, self._source.read)]
+
+  def padding_fraction(self, role: str = "train") -> float:
+    """Padding share of source + target slots over one epoch (train) or the one pass (eval/test)."""
+    sp = self.splits[role]
+    plan = self._plan.epoch(0) if role == "train" else self.eval_plan(role)
+    return bucketing.padding_fraction(plan, self.shapes, sp.src_len, sp.tgt_len)
+
+  def summary(self) -> str:
+    lines = [f"data {self.config.task}: vocab src {self.src_vocab.size} tgt {self.tgt_vocab.size} "
+             f"({self.src_vocab.spec.kind}); buckets (Ts, Tt) {self.shapes}; batch sizes "
+             f"{sorted(set(self.train_batch_sizes))}; {self.steps_per_epoch} steps/epoch"]
+    for role, sp in self.splits.items():
+      c = sp.counts
+      lines.append(f"  {role} ({sp.name}): {c['kept']}/{c['read']} examples, dropped {c['dropped_empty']} "
+                   f"empty + {c['dropped_long']} too long, truncated {c['truncated']}; "
+                   f"padding {self.padding_fraction(role):.1%}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _cache_dir(cfg: DataConfig, workdir: str | None) -> str:
+  if cfg.cache_dir:
+    return cfg.cache_dir
+  if workdir:
+    return os.path.join(workdir, "data_cache")
+  return os.path.join(tempfile.gettempdir(), "attn_data_cache")
+
+
+def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, Vocab]:
+  """Loaded from the workdir if a run saved them there, else built from the training split."""
+  src_spec, tgt_spec = source.tokenizer_specs()
+  shared = cfg.shared_vocab
+  if shared and src_spec != tgt_spec:
+    raise DataError(f"shared_vocab needs one tokenizer; this task tokenizes {src_spec} / {tgt_spec}")
+  builtin = source.has_alignments  # built-in tasks: keep every symbol
+  min_freq, max_size = (1, 0) if builtin else (cfg.min_freq, cfg.vocab_size)
+  names = ("shared",) if shared else ("src", "tgt")
+  paths = [os.path.join(workdir, f"vocab.{n}.json") for n in names] if workdir else []
+  if paths and all(os.path.exists(p) for p in paths):
+    vocabs = [load_vocab(p) for p in paths]
+    for v, spec, p in zip(vocabs, (src_spec, tgt_spec), paths):
+      if v.spec != spec:
+        raise DataError(f"{p} was built with tokenizer {v.spec}, but the config asks for {spec}; "
+                        "use a fresh workdir or delete the vocabulary")
+    logging.info("data: reusing vocabularies %s", ", ".join(paths))
+  else:
+    pairs = _scan(source.data_source("train"), source.read)
+    kw = dict(min_freq=min_freq, max_size=max_size)
+    if src_spec.kind == "sentencepiece":  # the trainer wants the sentences
+      texts = list(pairs)
+      sides = [[t for pair in texts for t in pair]] if shared else [[s for s, _ in texts],
+                                                                    [t for _, t in texts]]
+      vocabs = [build_vocab(side, src_spec, seed=cfg.seed, **kw) for side in sides]
+    else:  # one streaming pass counts both sides
+      counts = [collections.Counter() for _ in names]
+      tok_src, tok_tgt = Vocab([], src_spec).tokenize, Vocab([], tgt_spec).tokenize
+      for s, t in pairs:
+        counts[0].update(tok_src(s))
+        counts[-1].update(tok_tgt(t))
+      vocabs = [vocab_from_counts(c, spec, **kw) for c, spec in zip(counts, (src_spec, tgt_spec))]
+    for v, p in zip(vocabs, paths):
+      v.save(p)
+  return (vocabs[0], vocabs[0]) if shared else (vocabs[0], vocabs[1])
+
+
+def _token_counts(source, role: str, src_vocab: Vocab, tgt_vocab: Vocab,
+                  workdir: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per record: source tokens, target tokens (no EOS), and whether a side is empty. Cached in
+  <workdir>/data_lengths keyed by the records and vocabularies."""
+  key = hashlib.sha1("|".join([source.fingerprint(), role, src_vocab.fingerprint(),
+                               tgt_vocab.fingerprint()]).encode()).hexdigest()[:16]
+  path = os.path.join(workdir, "data_lengths", f"{role}-{key}.npz") if workdir else None
+  if path and os.path.exists(path):
+    with np.load(path) as z:
+      return z["src"], z["tgt"], z["empty"]
+  src_n, tgt_n, empty = [], [], []
+  for s, t in _scan(source.data_source(role), source.read):
+    src_n.append(len(src_vocab.encode(s)))
+    tgt_n.append(len(tgt_vocab.encode(t)))
+    empty.append(not s.strip() or not t.strip())
+  out = (np.asarray(src_n, np.int32), np.asarray(tgt_n, np.int32), np.asarray(empty, bool))
+  if path:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    np.savez(tmp, src=out[0], tgt=out[1], empty=out[2])
+    os.replace(tmp, path)
+  return out
+
+
+def _apply_policies(cfg: DataConfig, source, role: str, src_n, tgt_n, empty, caps) -> SplitData:
+  """Drop/truncate/raise per config (training) or keep-and-truncate (eval/test); log the counts."""
+  src_cap, tgt_cap = caps
+  desc = source.describe(role)
+  src_len, tgt_len = src_n + 1, tgt_n + 1  # EOS
+  too_long = (src_len > src_cap) | (tgt_len > tgt_cap)
+  keep = np.ones(src_n.shape, bool)
+  counts = dict(read=int(src_n.size), dropped_empty=0, dropped_long=0, truncated=0)
+  if role == "train":
+    if empty.any():
+      if cfg.empty == "error":
+        i = int(np.flatnonzero(empty)[0])
+        raise DataError(f"{desc}: pair {i} (line {i + 1}) has an empty side ({int(empty.sum())} such "
+                        "pairs); set data.empty=drop to skip them")
+      keep &= ~empty
+      counts["dropped_empty"] = int(empty.sum())
+    long_kept = too_long & keep
+    if long_kept.any():
+      if cfg.too_long == "error":
+        i = int(np.flatnonzero(long_kept)[0])
+        raise DataError(f"{desc}: pair {i} (line {i + 1}) is {src_len[i]}/{tgt_len[i]} tokens with EOS, over "
+                        f"max_src_len={src_cap}/max_tgt_len={tgt_cap} ({int(long_kept.sum())} such "
+                        "pairs); set data.too_long=drop or truncate")
+      if cfg.too_long == "drop":
+        keep &= ~too_long
+        counts["dropped_long"] = int(long_kept.sum())
+      else:
+        counts["truncated"] = int(long_kept.sum())
+  else:
+    counts["truncated"] = int(too_long.sum())
+  counts["kept"] = int(keep.sum())
+  name = source.splits()[role]
+  logging.info("data %s (%s): %d pairs, kept %d, dropped %d empty and %d too long, truncated %d",
+               role, desc, counts["read"], counts["kept"], counts["dropped_empty"],
+               counts["dropped_long"], counts["truncated"])
+  record = np.flatnonzero(keep).astype(np.int64)
+  return SplitData(role, name, desc, source.data_source(role), record,
+                   np.minimum(src_len[keep], src_cap).astype(np.int32),
+                   np.minimum(tgt_len[keep], tgt_cap).astype(np.int32),
+                   np.zeros(record.size, np.int32), counts)
+
+
+def load(data_config, workdir: str | None = None) -> DataBundle:
+  """Prepares the data of `data_config` (a data ConfigDict, dict or DataConfig).
+
+  workdir: where vocabularies (vocab.{src,tgt|shared}.json), cached lengths and, unless
+  data.cache_dir is set, the TFDS-format copies of generated/local data go; a second call with the
+  same workdir reuses them (resume). None keeps vocabularies in memory only.
+  Raises DataError for bad input or config.
+  """
+  cfg = DataConfig.from_config(data_config)
+  source = get_source(cfg.task)(cfg)
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+  source.prepare(_cache_dir(cfg, workdir))
+  roles = source.splits()
+  if "train" not in roles:
+    raise DataError("the data has no training split")
+  src_vocab, tgt_vocab = _vocabularies(cfg, source, workdir)
+
+  explicit = [tuple(b) for b in cfg.bucket_boundaries]  # validated: sorted, widest last
+  caps = (cfg.max_src_len, cfg.max_tgt_len)
+  if explicit:
+    caps = (min(caps[0], max(s for s, _ in explicit)), min(caps[1], max(t for _, t in explicit)))
+  splits = {}
+  for role in roles:
+    counts = _token_counts(source, role, src_vocab, tgt_vocab, workdir)
+    splits[role] = _apply_policies(cfg, source, role, *counts, caps)
+  if not len(splits["train"]):
+    raise DataError(f"{source.describe('train')}: no training example left after the policies")
+
+  if explicit:
+    shapes = explicit
+  else:
+    pooled_s = np.concatenate([sp.src_len for sp in splits.values()])
+    pooled_t = np.concatenate([sp.tgt_len for sp in splits.values()])
+    shapes = bucketing.choose_buckets(pooled_s, pooled_t, cfg.num_buckets, cfg.length_multiple)
+  for sp in splits.values():
+    sp.bucket = bucketing.assign(sp.src_len, sp.tgt_len, shapes)
+    assert (sp.bucket >= 0).all()
+  train_bs = bucketing.batch_sizes(shapes, cfg.batch_size, cfg.tokens_per_batch)
+  eval_bs = bucketing.batch_sizes(shapes, cfg.eval_bs, cfg.tokens_per_batch)
+  bundle = DataBundle(cfg, src_vocab, tgt_vocab, shapes, train_bs, eval_bs, splits,
+                      source.has_alignments, source,
+                      _TrainPlan(splits["train"].bucket, train_bs, cfg.seed))
+  for line in bundle.summary().splitlines():
+    logging.info("%s", line)
+  return bundle

@@ -1,0 +1,227 @@
+"""The data sources behind `data.task`, each ending in TFDS array_record data sources.
+
+A source knows its splits (role -> split name), prepares them (writing TFDS array_record files for
+built-in tasks and local corpora, opening prepared ones for named TFDS datasets), and reads
+(source text, target text[, alignment pairs]) out of a record.
+
+    built-in task  --generate-->  AttnTask builder  --\
+    local corpus   --validate-->  AttnText builder  ----> tfds data source (random access) -> grain
+    named TFDS     ------------------------------------/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from attn.data import corpora, tasks, tfds_sources
+from attn.data.base import ROLES, DataError, register_source
+from attn.data.config import DataConfig
+from attn.data.tokenize import TokenizerSpec
+
+_SPLIT_RE = re.compile(r"^\w+$")
+
+
+def _text(value) -> str:
+  return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+class Source:
+  """Interface. Subclasses set `has_alignments` and implement the methods below."""
+  name = ""
+  has_alignments = False
+
+  def __init__(self, cfg: DataConfig):
+    self.cfg = cfg
+    self._sources: dict[str, object] = {}
+
+  def tokenizer_specs(self) -> tuple[TokenizerSpec, TokenizerSpec]:
+    spec = TokenizerSpec(self.cfg.tokenizer, self.cfg.lowercase)
+    return spec, spec
+
+  def splits(self) -> dict[str, str]:
+    """role -> split name, for the roles this source has."""
+    c = self.cfg
+    out = {"train": c.train_split, "eval": c.eval_split, "test": c.test_split}
+    return {r: s for r, s in out.items() if s}
+
+  def prepare(self, cache_dir: str) -> None:
+    raise NotImplementedError
+
+  def data_source(self, role: str):
+    """Random-access records of the role's split (len, __getitem__, __getitems__)."""
+    return self._sources[role]
+
+  def read(self, record) -> tuple[str, str]:
+    return _text(record["src"]), _text(record["tgt"])
+
+  def describe(self, role: str) -> str:
+    return f"{self.name} {role} split"
+
+  def fingerprint(self) -> str:
+    """Identifies the records (used to key the lengths cache)."""
+    raise NotImplementedError
+
+
+class TaskSource(Source):
+  """A built-in task (tasks.py); split names in the config are ignored: the task generates
+  train/eval/test of train_size/eval_size/test_size."""
+  has_alignments = True
+
+  def __init__(self, cfg):
+    super().__init__(cfg)
+    self.task = tasks.get_task(cfg)
+
+  def tokenizer_specs(self):
+    return TokenizerSpec(self.task.src_tokenizer), TokenizerSpec(self.task.tgt_tokenizer)
+
+  def splits(self):
+    sizes = {"train": self.cfg.train_size, "eval": self.cfg.eval_size, "test": self.cfg.test_size}
+    return {r: r for r in ROLES if sizes[r]}
+
+  def _params(self):
+    c = self.cfg
+    return {"config": self.task.fingerprint(),
+            "sizes": {"train": c.train_size, "eval": c.eval_size, "test": c.test_size}}
+
+  def prepare(self, cache_dir):
+    from attn.data import builders  # pylint: disable=import-outside-toplevel
+
+    config = builders.config_for(self.name, self._params())
+    self._config_name = config.name
+    builder = builders.prepare(builders.AttnTask, config, cache_dir)
+    self._sources = {r: builder.as_data_source(r) for r in self.splits()}
+
+  def read_alignment(self, record) -> np.ndarray:
+    return np.asarray(record["align"], np.int32).reshape(-1, 2)
+
+  def describe(self, role):
+    return f"built-in task {self.name} ({role})"
+
+  def fingerprint(self):
+    return self._config_name
+
+
+for _name in tasks.TASKS:
+  register_source(_name)(type(f"{_name.title()}Source", (TaskSource,), {}))
+
+
+class _LocalSource(Source):
+  """Shared by parallel_text and jsonl: validate every file, then write them as TFDS."""
+  kind = ""
+
+  def _files(self, split: str) -> list[str]:
+    raise NotImplementedError
+
+  def _check(self, files: list[str]) -> None:
+    raise NotImplementedError
+
+  def prepare(self, cache_dir):
+    from attn.data import builders  # pylint: disable=import-outside-toplevel
+
+    if not self.cfg.dir:
+      raise DataError(f"data.task={self.name} needs data.dir")
+    splits = {}
+    for role, split in self.splits().items():
+      if not _SPLIT_RE.match(split):
+        raise DataError(f"split name {split!r} ({role}) must be letters, digits and _ only")
+      splits[split] = self._files(split)
+    params = {"kind": self.kind, "src_field": self.cfg.src_field, "tgt_field": self.cfg.tgt_field,
+              "splits": {s: [builders.file_entry(p) for p in files] for s, files in splits.items()}}
+    config = builders.config_for(self.kind, params)
+    self._config_name = config.name
+    self._files_by_split = splits
+
+    def validate():
+      for files in splits.values():
+        self._check(files)
+
+    builder = builders.prepare(builders.AttnText, config, cache_dir, validate)
+    self._sources = {r: builder.as_data_source(s) for r, s in self.splits().items()}
+
+  def describe(self, role):
+    return " + ".join(self._files_by_split[self.splits()[role]])
+
+  def fingerprint(self):
+    return self._config_name
+
+
+@register_source("parallel_text")
+class ParallelTextSource(_LocalSource):
+  """`<dir>/<split>.<src_lang>[.gz]` and `<dir>/<split>.<tgt_lang>[.gz]`."""
+  kind = "parallel_text"
+
+  def _files(self, split):
+    return list(corpora.parallel_paths(self.cfg.dir, split, self.cfg.src_lang, self.cfg.tgt_lang))
+
+  def _check(self, files):
+    corpora.check_parallel(*files)
+
+
+@register_source("jsonl")
+class JsonlSource(_LocalSource):
+  """`<dir>/<split>.jsonl[.gz]` with fields data.src_field, data.tgt_field."""
+  kind = "jsonl"
+
+  def _files(self, split):
+    if not self.cfg.src_field or not self.cfg.tgt_field:
+      raise DataError("data.task=jsonl needs data.src_field and data.tgt_field")
+    return [corpora.jsonl_path(self.cfg.dir, split)]
+
+  def _check(self, files):
+    corpora.check_jsonl(files[0], self.cfg.src_field, self.cfg.tgt_field)
+
+
+class _ItemwiseSource:
+  """Hides a broken `__getitems__` (tfds.testing.mock_data's mock has one) behind item reads."""
+
+  def __init__(self, ds):
+    self._ds = ds
+
+  def __len__(self):
+    return len(self._ds)
+
+  def __getitem__(self, i):
+    return self._ds[i]
+
+
+def _batch_readable(ds):
+  try:
+    ds.__getitems__([0])
+  except TypeError:
+    return _ItemwiseSource(ds)
+  return ds
+
+
+@register_source("tfds")
+class TfdsSource(Source):
+  """A named TFDS dataset (tfds_sources.py), prepared as array_record in data.tfds_data_dir."""
+
+  def prepare(self, cache_dir):
+    del cache_dir
+    c = self.cfg
+    if not c.tfds_name:
+      raise DataError("data.task=tfds needs data.tfds_name (e.g. ted_hrlr_translate/pt_to_en)")
+    self.fields = tfds_sources.fields_for(c.tfds_name, c.src_lang, c.tgt_lang, c.src_field,
+                                          c.tgt_field)
+    for role, split in self.splits().items():
+      ds = tfds_sources.open_split(c.tfds_name, split, c.tfds_data_dir)
+      if len(ds):
+        tfds_sources.check_fields(c.tfds_name, ds[0], self.fields)
+        ds = _batch_readable(ds)
+      self._sources[role] = ds
+
+  def read(self, record):
+    return _text(record[self.fields[0]]), _text(record[self.fields[1]])
+
+  def describe(self, role):
+    return f"TFDS {self.cfg.tfds_name} split {self.splits()[role]}"
+
+  def fingerprint(self):
+    c = self.cfg
+    sizes = {r: len(ds) for r, ds in self._sources.items()}
+    return json.dumps([c.tfds_name, os.path.abspath(c.tfds_data_dir) if c.tfds_data_dir else "",
+                       self.fields, sizes], sort_keys=True)

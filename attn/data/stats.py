@@ -1,0 +1,97 @@
+r"""Data statistics: examples, lengths, buckets, padding fraction and pipeline throughput.
+
+    python -m attn.data.stats --data_dir=../shared/data/multi30k
+    python -m attn.data.stats --config=attn/data/config.py:dates --config.train_size=20000
+    python -m attn.data.stats --config=attn/data/config.py:aeslc --data_dir=../shared/data/aeslc
+
+Prints one table; the figures in docs/data.md come from the first command.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from attn.data import base
+from attn.data import pipeline
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "config.py"), "data config file[:preset]",
+    lock_config=True)
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "overrides data.dir")
+_WORKDIR = flags.DEFINE_string("workdir", None, "vocabularies and caches (default: a temp dir)")
+_BATCHES = flags.DEFINE_integer("batches", 300, "training batches timed for the throughput")
+
+
+def lengths_table(bundle: pipeline.DataBundle) -> list[str]:
+  lines = ["split  examples  src p50/p90/p99/max  tgt p50/p90/p99/max  padding"]
+  for role, sp in bundle.splits.items():
+    ps = np.percentile(sp.src_len, [50, 90, 99, 100]).astype(int).tolist()
+    pt = np.percentile(sp.tgt_len, [50, 90, 99, 100]).astype(int).tolist()
+    lines.append(f"{role:5s}  {len(sp):8d}  {'/'.join(map(str, ps)):>19s}  "
+                 f"{'/'.join(map(str, pt)):>19s}  {bundle.padding_fraction(role):7.1%}")
+  lines.append("widths include EOS; padding = PAD share of src+tgt slots over one epoch / one pass")
+  return lines
+
+
+def bucket_table(bundle: pipeline.DataBundle) -> list[str]:
+  train = bundle.splits["train"]
+  lines = ["bucket  (Ts, Tt)   B  train examples"]
+  for k, (ts, tt) in enumerate(bundle.shapes):
+    lines.append(f"{k:6d}  ({ts:3d},{tt:3d})  {bundle.train_batch_sizes[k]:3d}  "
+                 f"{int((train.bucket == k).sum()):14d}")
+  return lines
+
+
+def throughput(bundle: pipeline.DataBundle, n: int) -> tuple[float, float]:
+  """(batches/s, target tokens/s) of the training iterator over n batches after 20 warm-up."""
+  it = bundle.train_iter()
+  for _ in range(20):
+    next(it)
+  tokens = 0
+  t0 = time.perf_counter()
+  for _ in range(n):
+    tokens += int(next(it)["tgt_lengths"].sum())
+  dt = time.perf_counter() - t0
+  return n / dt, tokens / dt
+
+
+def main(argv):
+  del argv
+  if _WORKDIR.value:
+    report(_WORKDIR.value)
+  else:
+    with tempfile.TemporaryDirectory(prefix="attn_data_stats_") as workdir:
+      report(workdir)
+
+
+def report(workdir: str) -> None:
+  cfg = _CONFIG.value
+  if _DATA_DIR.value:
+    cfg.dir = _DATA_DIR.value
+  try:
+    t0 = time.perf_counter()
+    bundle = pipeline.load(cfg, workdir)
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bundle = pipeline.load(cfg, workdir)
+    warm = time.perf_counter() - t0
+  except base.DataError as e:
+    raise app.UsageError(str(e)) from None
+  print(bundle.summary())
+  print("\n".join(lengths_table(bundle)))
+  print("\n".join(bucket_table(bundle)))
+  bps, tps = throughput(bundle, _BATCHES.value)
+  print(f"load: {cold:.1f} s first, {warm:.2f} s again (reusing workdir); "
+        f"train iterator: {bps:.0f} batches/s, {tps:,.0f} target tokens/s "
+        f"({bundle.config.num_threads} grain threads, {os.cpu_count()} CPUs)")
+
+
+if __name__ == "__main__":
+  logging.set_verbosity(logging.WARNING)
+  app.run(main)

@@ -1,0 +1,308 @@
+"""Tokenizers and vocabularies with reserved ids PAD=0, BOS=1, EOS=2, UNK=3.
+
+Tokenizers (`TOKENIZERS`, chosen by `data.tokenizer`; built-in tasks fix their own):
+- `word`: words (`\\w+`) and single punctuation marks, reversible. A token written without a space
+  before it carries the joiner mark "￭" on the side where the space is missing ("dog." ->
+  ["dog", "￭."], "l'eau" -> ["l", "'￭", "eau"]), the joiner annotation of the OpenNMT Tokenizer, so
+  `detokenize(tokenize(x)) == x` for whitespace-normalized x and sacreBLEU scores real sentences.
+- `space`: split on whitespace, join with one space.
+- `char`: every character a token (spaces included), joined back exactly.
+- `sentencepiece`: a unigram model trained on the training split (needs the `sentencepiece` package).
+
+Optional lowercasing happens before tokenization (so decoding gives lowercase text: score it against
+references with sacreBLEU's `lowercase=True`).
+
+A `Vocab` saves to one JSON file (a sentencepiece model travels inside it, base64) so a resumed run
+reuses exactly the ids it trained with.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from attn.data.base import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, DataError
+
+JOINER = "\uffed"  # "￭", OpenNMT Tokenizer's joiner
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+VOCAB_FORMAT = 1
+_SPM_MAX_SENTENCES = 2_000_000
+
+
+def _is_word(tok: str) -> bool:
+  return bool(re.match(r"\w", tok))
+
+
+def word_tokenize(text: str) -> list[str]:
+  """Words and punctuation marks with joiner marks where no space separated them."""
+  tokens: list[str] = []
+  prev_end, prev_word = -1, False
+  for m in _WORD_RE.finditer(text):
+    tok, word = m.group(), _is_word(m.group())
+    if m.start() == prev_end:  # glued to the previous token
+      if word and not prev_word:
+        tokens[-1] += JOINER  # "'" in "l'eau": the mark goes on the punctuation
+      else:
+        tok = JOINER + tok
+    tokens.append(tok)
+    prev_end, prev_word = m.end(), word
+  return tokens
+
+
+def word_detokenize(tokens: Sequence[str]) -> str:
+  """Inverse of `word_tokenize`: one space between tokens except where a joiner says none."""
+  out: list[str] = []
+  glue_next = True  # no space before the first token
+  for tok in tokens:
+    left = tok.startswith(JOINER)
+    right = tok.endswith(JOINER) and len(tok) > 1
+    core = tok[1 if left else 0:len(tok) - (1 if right else 0)]
+    if not (glue_next or left):
+      out.append(" ")
+    out.append(core)
+    glue_next = right
+  return "".join(out)
+
+
+def _space_tokenize(text: str) -> list[str]:
+  return text.split()
+
+
+def _space_detokenize(tokens: Sequence[str]) -> str:
+  return " ".join(tokens)
+
+
+def _char_tokenize(text: str) -> list[str]:
+  return list(text)
+
+
+def _char_detokenize(tokens: Sequence[str]) -> str:
+  return "".join(tokens)
+
+
+# name -> (tokenize, detokenize); sentencepiece is handled by SentencePieceVocab.
+TOKENIZERS = {
+    "word": (word_tokenize, word_detokenize),
+    "space": (_space_tokenize, _space_detokenize),
+    "char": (_char_tokenize, _char_detokenize),
+}
+TOKENIZER_NAMES = (*TOKENIZERS, "sentencepiece")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+  """What turns text into tokens; stored with the vocabulary and checked on resume."""
+  kind: str = "word"
+  lowercase: bool = False
+
+  def __post_init__(self):
+    if self.kind not in TOKENIZER_NAMES:
+      raise DataError(f"unknown tokenizer {self.kind!r}; known: {', '.join(TOKENIZER_NAMES)}")
+
+
+def normalize_whitespace(text: str) -> str:
+  """Strips and collapses every run of whitespace to one space (applied when corpora are read)."""
+  return " ".join(text.split())
+
+
+class Vocab:
+  """Token <-> id map with the reserved ids PAD=0, BOS=1, EOS=2, UNK=3 first.
+
+  encode(text) -> list[int] without BOS/EOS; unknown tokens map to UNK.
+  decode(ids) -> str: stops at the first EOS, skips PAD and BOS, writes UNK as "<unk>", detokenizes.
+  """
+
+  def __init__(self, tokens: Sequence[str], spec: TokenizerSpec = TokenizerSpec()):
+    """tokens: the ordinary tokens (no specials), in id order from 4."""
+    if spec.kind == "sentencepiece":
+      raise DataError("use SentencePieceVocab for sentencepiece")
+    self.spec = spec
+    self._itos = list(SPECIAL_TOKENS) + [t for t in tokens]
+    self._stoi = {t: i for i, t in enumerate(self._itos)}
+    if len(self._stoi) != len(self._itos):
+      raise DataError("vocabulary tokens are not unique (or collide with a special token)")
+    self._tokenize, self._detokenize = TOKENIZERS[spec.kind]
+
+  # -- sizes and lookups
+  @property
+  def size(self) -> int:
+    return len(self._itos)
+
+  def __len__(self) -> int:
+    return len(self._itos)
+
+  def id_to_token(self, i: int) -> str:
+    return self._itos[i]
+
+  def token_to_id(self, tok: str) -> int:
+    return self._stoi.get(tok, UNK)
+
+  @property
+  def tokens(self) -> list[str]:
+    """Ordinary tokens in id order (ids 4..size-1)."""
+    return self._itos[len(SPECIAL_TOKENS):]
+
+  # -- text <-> tokens <-> ids
+  def tokenize(self, text: str) -> list[str]:
+    return self._tokenize(text.lower() if self.spec.lowercase else text)
+
+  def detokenize(self, tokens: Sequence[str]) -> str:
+    return self._detokenize(tokens)
+
+  def encode(self, text: str) -> list[int]:
+    get = self._stoi.get
+    return [get(t, UNK) for t in self.tokenize(text)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self.detokenize(self.decode_tokens(ids))
+
+  def decode_tokens(self, ids: Iterable[int]) -> list[str]:
+    """Tokens of `ids` up to the first EOS, without PAD/BOS (for attention heatmap labels)."""
+    out = []
+    for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+      if i == EOS:
+        break
+      if i in (PAD, BOS):
+        continue
+      out.append(self._itos[i] if 0 <= i < len(self._itos) else SPECIAL_TOKENS[UNK])
+    return out
+
+  # -- persistence
+  def to_json(self) -> dict:
+    return {"format": VOCAB_FORMAT, "tokenizer": dataclasses.asdict(self.spec),
+            "specials": list(SPECIAL_TOKENS), "tokens": self.tokens}
+
+  def fingerprint(self) -> str:
+    blob = json.dumps(self.to_json(), ensure_ascii=False, sort_keys=True).encode()
+    return hashlib.sha1(blob).hexdigest()[:12]
+
+  def save(self, path: str) -> None:
+    """Writes the vocabulary as JSON (atomically: a killed run never leaves half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(self.to_json(), f, ensure_ascii=False, indent=0)
+    os.replace(tmp, path)
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(size={self.size}, tokenizer={self.spec.kind!r}, lowercase={self.spec.lowercase})"
+
+
+class SentencePieceVocab(Vocab):
+  """A sentencepiece model behind the Vocab interface; ids 0-3 are PAD, BOS, EOS, UNK too."""
+
+  def __init__(self, model_proto: bytes, spec: TokenizerSpec):
+    spm = _import_sentencepiece()
+    self.spec = spec
+    self.model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    n = self._sp.get_piece_size()
+    self._itos = [self._sp.id_to_piece(i) for i in range(n)]
+    self._itos[:len(SPECIAL_TOKENS)] = SPECIAL_TOKENS
+    self._stoi = {t: i for i, t in enumerate(self._itos)}
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._sp.encode(text.lower() if self.spec.lowercase else text, out_type=str)
+
+  def detokenize(self, tokens: Sequence[str]) -> str:
+    return self._sp.decode_pieces(list(tokens))
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text.lower() if self.spec.lowercase else text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    out = []
+    for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+      if i == EOS:
+        break
+      if i not in (PAD, BOS):
+        out.append(i)
+    return self._sp.decode(out)
+
+  def to_json(self) -> dict:
+    return {"format": VOCAB_FORMAT, "tokenizer": dataclasses.asdict(self.spec),
+            "specials": list(SPECIAL_TOKENS),
+            "sentencepiece_model": base64.b64encode(self.model_proto).decode("ascii")}
+
+
+def _import_sentencepiece():
+  try:
+    import sentencepiece  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise DataError("data.tokenizer='sentencepiece' needs the sentencepiece package "
+                    "(pip install sentencepiece==0.2.3)") from e
+  return sentencepiece
+
+
+def load_vocab(path: str) -> Vocab:
+  """Reads a vocabulary written by `Vocab.save`."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      d = json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f"cannot read vocabulary {path}: {e}") from e
+  if d.get("format") != VOCAB_FORMAT or tuple(d.get("specials", ())) != SPECIAL_TOKENS:
+    raise DataError(f"{path}: not a vocabulary of format {VOCAB_FORMAT} with specials {SPECIAL_TOKENS}")
+  spec = TokenizerSpec(**d["tokenizer"])
+  if spec.kind == "sentencepiece":
+    return SentencePieceVocab(base64.b64decode(d["sentencepiece_model"]), spec)
+  return Vocab(d["tokens"], spec)
+
+
+def count_tokens(texts: Iterable[str], spec: TokenizerSpec) -> collections.Counter:
+  tokenize = Vocab([], spec).tokenize
+  counts: collections.Counter = collections.Counter()
+  for t in texts:
+    counts.update(tokenize(t))
+  return counts
+
+
+def build_vocab(texts: Iterable[str], spec: TokenizerSpec, *, min_freq: int = 1, max_size: int = 0,
+                seed: int = 0) -> Vocab:
+  """Vocabulary of the tokens of `texts` (the training split).
+
+  Tokens seen fewer than `min_freq` times are left out; `max_size` > 0 caps the size, specials
+  included. Order: frequency descending, then the token (so the same data gives the same ids).
+  For sentencepiece, `max_size` is the model's vocabulary size (8000 when 0) and `min_freq` is unused.
+  """
+  if spec.kind == "sentencepiece":
+    return _train_sentencepiece(texts, spec, max_size or 8000, seed)
+  return vocab_from_counts(count_tokens(texts, spec), spec, min_freq=min_freq, max_size=max_size)
+
+
+def vocab_from_counts(counts: collections.Counter, spec: TokenizerSpec, *, min_freq: int = 1,
+                      max_size: int = 0) -> Vocab:
+  """`build_vocab` from token counts already taken (so one pass can count both sides)."""
+  items = sorted(((c, t) for t, c in counts.items() if c >= min_freq and t not in SPECIAL_TOKENS),
+                 key=lambda ct: (-ct[0], ct[1]))
+  if max_size:
+    items = items[:max(0, max_size - len(SPECIAL_TOKENS))]
+  return Vocab([t for _, t in items], spec)
+
+
+def _train_sentencepiece(texts: Iterable[str], spec: TokenizerSpec, vocab_size: int,
+                         seed: int) -> SentencePieceVocab:
+  spm = _import_sentencepiece()
+  sentences = [t.lower() if spec.lowercase else t for t in texts if t.strip()]
+  if not sentences:
+    raise DataError("cannot train sentencepiece on an empty training split")
+  if len(sentences) > _SPM_MAX_SENTENCES:  # a seeded sample keeps memory bounded on big corpora
+    keep = np.random.default_rng(seed).choice(len(sentences), _SPM_MAX_SENTENCES, replace=False)
+    sentences = [sentences[i] for i in np.sort(keep)]
+  model = io.BytesIO()
+  # Single-threaded and unshuffled so that the same sentences give the same model.
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+      model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+      pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK, normalization_rule_name="identity",
+      shuffle_input_sentence=False, num_threads=1, minloglevel=2)
+  return SentencePieceVocab(model.getvalue(), spec)
