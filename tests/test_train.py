@@ -1,0 +1,115 @@
+"""Training end to end: a tiny model learns a tiny task, resuming equals not stopping, the CLI's files."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from attn import decode, train
+from attn.models import build_model
+from experiments.configs import translate as translate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny_config(**train_kw):
+  c = translate_config.get_config("smoke")
+  c.data.task = "copy"
+  c.data.update(dict(min_len=2, max_len=5, task_vocab_size=5, train_size=256, eval_size=32,
+                     test_size=32, max_src_len=8, max_tgt_len=8, num_buckets=1, batch_size=32))
+  c.model.update(dict(emb_dim=16, enc_hidden=32, dec_hidden=32, d_attn=32))
+  c.train.update(dict(steps=250, learning_rate=1e-2, warmup_steps=10, eval_every=250,
+                      checkpoint_every=250, log_every=50, eval_decode_sentences=32))
+  c.train.update(train_kw)
+  return c
+
+
+def test_a_tiny_attention_model_learns_to_copy_exactly(tmp_path):
+  results = train.train_and_evaluate(_tiny_config(), str(tmp_path))
+  assert results["exact_match"] == 1.0, results
+  assert results["bleu"] == pytest.approx(100.0)
+  assert results["params"] > 0 and results["tokens_per_sec"] > 0 and results["wall_s"] > 0
+
+
+def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_path):
+  cfg = _tiny_config(steps=8, checkpoint_every=4, eval_every=100, log_every=4)
+  cfg.model.dropout = 0.3  # dropout keys must also follow the step, not the process
+
+  def run_steps(workdir, stop_after=None, resume=False):
+    run = train.setup(cfg, workdir)
+    ckpt = train.Checkpoints(workdir)
+    if resume:
+      assert ckpt.restore(ckpt.latest, run)
+    train.train(run, ckpt, train.MetricsWriter(workdir), stop_after=stop_after)
+    ckpt.wait()
+    return run
+
+  straight = run_steps(str(tmp_path / "a"))
+  killed = run_steps(str(tmp_path / "b"), stop_after=6)  # "killed" after step 6; last save at 4
+  assert killed.step == 6
+  resumed = run_steps(str(tmp_path / "b"), resume=True)
+  assert resumed.step == 8
+  as_np = lambda x: np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else x)
+  leaves = lambda r: jax.tree.leaves(r.state)
+  assert len(leaves(straight)) == len(leaves(resumed))
+  for x, y in zip(leaves(straight), leaves(resumed)):
+    np.testing.assert_allclose(as_np(x), as_np(y), rtol=1e-6, atol=1e-7)
+  last = lambda wd: [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))][-1]
+  a, b = last(str(tmp_path / "a")), last(str(tmp_path / "b"))
+  assert a["step"] == b["step"] == 8 and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_beam_size_one_equals_greedy_on_a_real_model():
+  from attn.models import ModelConfig
+  model = build_model(ModelConfig(src_vocab=11, tgt_vocab=9, emb_dim=8, enc_hidden=8,
+                                  dec_hidden=8, d_attn=8, dropout=0.0))
+  src = jax.numpy.asarray(np.random.default_rng(0).integers(4, 11, (3, 6)), "int32")
+  lengths = jax.numpy.asarray([6, 4, 2], "int32")
+  init = model.initial_decode_state(src, lengths)
+  g = decode.greedy_decode(model.step_fn(), init, 3, 9)
+  b = decode.beam_search(model.step_fn(), init, 3, 9, beam_size=1, length_penalty=0.0)
+  np.testing.assert_array_equal(g.tokens, b.tokens)
+  np.testing.assert_allclose(g.weights, b.weights, atol=1e-6)
+
+
+def _cli(args, cwd=REPO):
+  return subprocess.run([sys.executable, "-m", "experiments.translate", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_translate_cli_writes_every_promised_file(tmp_path):
+  wd = tmp_path / "wd"
+  p = _cli(["--config=experiments/configs/translate.py:smoke", f"--workdir={wd}",
+            "--config.model.decoder=luong", "--config.model.score=general"])
+  assert p.returncode == 0, p.stderr[-3000:]
+  for name in ("config.json", "metrics.jsonl", "predictions.txt", "results.json", "attention.npz",
+               "attention.png", "checkpoints", "best"):
+    assert (wd / name).exists(), name
+  results = json.loads((wd / "results.json").read_text())
+  for key in ("bleu", "params", "tokens_per_sec", "wall_s"):
+    assert key in results
+  assert len((wd / "predictions.txt").read_text().splitlines()) == 64  # smoke test split
+  assert "| decoder |" in p.stdout
+
+
+def test_mismatched_parallel_files_fail_before_training_with_one_line(tmp_path):
+  data = tmp_path / "corpus"
+  data.mkdir()
+  (data / "train.de").write_text("".join(f"satz {i}\n" for i in range(100)))
+  (data / "train.en").write_text("".join(f"sentence {i}\n" for i in range(97)))
+  for split in ("val", "test_2016_flickr"):
+    (data / f"{split}.de").write_text("a\n")
+    (data / f"{split}.en").write_text("b\n")
+  wd = tmp_path / "wd"
+  p = _cli(["--config=experiments/configs/translate.py:multi30k", f"--workdir={wd}",
+            f"--config.data.dir={data}"])
+  assert p.returncode != 0
+  err = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+  assert len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+  assert "train.de" in err[0] and "train.en" in err[0] and "100" in err[0] and "97" in err[0]
+  assert not (wd / "checkpoints").exists()
