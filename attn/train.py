@@ -324,10 +324,8 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   win = {"s": 0.0, "steps": 0, "tokens": 0.0}  # the logging window
   last = None
   while run.step < tc.steps and (stop_after is None or run.step - step_start < stop_after):
-    if tc.max_wall_s and run.wall_s + time.time() - t_seg >= tc.max_wall_s:
-      log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
-      ckpt.save(ckpt.latest, run)
-      break
+    if tc.max_wall_s and run.wall_s >= tc.max_wall_s:
+      break  # resumed a run that had already used its time
     batch = _device_batch(next(it))
     run.state, last = step_fn(run.state, batch, jax.random.fold_in(base_key, run.step))
     run.step += 1
@@ -346,8 +344,12 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
       writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
       log.info(_progress(run, m, win["s"], win["steps"], win["tokens"]))
       win = {"s": 0.0, "steps": 0, "tokens": 0.0}
-    eval_now = run.step % tc.eval_every == 0 and "eval" in run.bundle.splits
-    save_now = run.step % tc.checkpoint_every == 0 or run.step == tc.steps
+    out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - t_seg >= tc.max_wall_s
+    if out_of_time:
+      log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
+    last_step = run.step == tc.steps or out_of_time
+    eval_now = (run.step % tc.eval_every == 0 or last_step) and "eval" in run.bundle.splits
+    save_now = run.step % tc.checkpoint_every == 0 or last_step
     if eval_now or save_now:
       jax.block_until_ready(run.state)
       now = time.time()
@@ -366,6 +368,8 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
       ckpt.save(ckpt.latest, run)
     if eval_now or save_now:
       t_seg = time.time()
+    if out_of_time:
+      break
   jax.block_until_ready(run.state)
   run.wall_s += time.time() - t_seg
   return last

@@ -59,7 +59,8 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
   assert len(leaves(straight)) == len(leaves(resumed))
   for x, y in zip(leaves(straight), leaves(resumed)):
     np.testing.assert_allclose(as_np(x), as_np(y), rtol=1e-6, atol=1e-7)
-  last = lambda wd: [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))][-1]
+  last = lambda wd: [m for m in map(json.loads, open(os.path.join(wd, "metrics.jsonl")))
+                     if m["split"] == "train"][-1]
   a, b = last(str(tmp_path / "a")), last(str(tmp_path / "b"))
   assert a["step"] == b["step"] == 8 and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
@@ -113,3 +114,12 @@ def test_mismatched_parallel_files_fail_before_training_with_one_line(tmp_path):
   assert len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
   assert "train.de" in err[0] and "train.en" in err[0] and "100" in err[0] and "97" in err[0]
   assert not (wd / "checkpoints").exists()
+
+
+def test_max_wall_s_stops_training_then_evaluates_and_saves(tmp_path):
+  cfg = _tiny_config(steps=50, max_wall_s=1e-3, eval_every=100)
+  results = train.train_and_evaluate(cfg, str(tmp_path))
+  assert results["step"] == 1  # the first step already used the budget
+  metrics = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert [m["split"] for m in metrics if m["step"] == 1].count("eval") == 1
+  assert (tmp_path / "checkpoints" / "1").exists()

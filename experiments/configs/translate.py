@@ -17,7 +17,7 @@ _PRESETS = {
     "multi30k": dict(
         data="multi30k", data_overrides=dict(lowercase=True, batch_size=128),
         model=dict(emb_dim=256, enc_hidden=256, dec_hidden=512, d_attn=256, dropout=0.3),
-        train=dict(steps=1400, learning_rate=2e-3, warmup_steps=200, label_smoothing=0.1,
+        train=dict(steps=850, learning_rate=2e-3, warmup_steps=200, label_smoothing=0.1,
                    eval_every=350, checkpoint_every=100, eval_decode_sentences=1014, beam_size=5,
                    max_wall_s=3300)),
     "reverse": dict(
