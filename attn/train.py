@@ -304,6 +304,34 @@ def score_outputs(run: Run, role, hyps: Translations) -> dict:
   return out
 
 
+def alignment_scores(run: Run, role="test") -> dict:
+  """Teacher-forced attention against the gold alignments of a built-in task: AER of the argmax
+  links and the attention mass on gold links, pooled over the split."""
+  graphdef, params = _params_view(run)
+  forward = _jit(_teacher_forced_weights, graphdef)
+  preds, golds, tl, sl = [], [], [], []
+  for batch in run.bundle.batches(role):
+    w = forward(params, _device_batch(batch))
+    if w is None:
+      return {}  # the fused kernel never forms the weights
+    keep = batch["example_id"] >= 0
+    preds.append(np.asarray(w)[keep])
+    golds.append(batch["alignments"][keep])
+    tl.append(batch["tgt_lengths"][keep])
+    sl.append(batch["src_lengths"][keep])
+  Tt = max(p.shape[1] for p in preds)
+  Ts = max(p.shape[2] for p in preds)
+  pad = lambda x: np.pad(x, ((0, 0), (0, Tt - x.shape[1]), (0, Ts - x.shape[2])))
+  w, g = np.concatenate([pad(p) for p in preds]), np.concatenate([pad(x) for x in golds])
+  tl, sl = np.concatenate(tl), np.concatenate(sl)
+  return {"aer": metrics_lib.alignment_error_rate(w, g, tl, sl),
+          "attention_on_gold": metrics_lib.attention_on_gold(w, g, tl, sl)}
+
+
+def _teacher_forced_weights(graphdef, params, batch):
+  return nnx.merge(graphdef, params)(batch)[1]
+
+
 def _progress(run, m, seconds, steps, tokens):
   """One progress line; rates over the last logging window (eval time excluded)."""
   eta = seconds / max(steps, 1) * (run.tc.steps - run.step)
@@ -390,6 +418,8 @@ def write_results(run: Run, ckpt: Checkpoints, role="test") -> dict:
   hyps = translate(run, role, beam_size=run.tc.beam_size)
   decode_s = time.time() - t0
   scores = score_outputs(run, role, hyps)
+  if run.bundle.has_alignments and run.mc.decoder != "none":
+    scores.update(alignment_scores(run, role))
   if run.tc.beam_size > 1:  # the greedy figure too, for comparison with beam search
     greedy = score_outputs(run, role, translate(run, role, beam_size=1))
     scores.update({f"{k}_greedy": v for k, v in greedy.items() if isinstance(v, float)})

@@ -32,6 +32,8 @@ def test_a_tiny_attention_model_learns_to_copy_exactly(tmp_path):
   results = train.train_and_evaluate(_tiny_config(), str(tmp_path))
   assert results["exact_match"] == 1.0, results
   assert results["bleu"] == pytest.approx(100.0)
+  # copying needs the diagonal: the argmax of attention should mostly land on it
+  assert results["aer"] < 0.3 and results["attention_on_gold"] > 0.6, results
   assert results["params"] > 0 and results["tokens_per_sec"] > 0 and results["wall_s"] > 0
 
 
