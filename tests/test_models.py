@@ -110,3 +110,18 @@ def test_no_attention_model_can_be_sized_to_an_attention_models_budget():
 def test_bad_config_errors(kw, match):
   with pytest.raises((ValueError, KeyError), match=match):
     _cfg(**kw)
+
+
+def test_fused_and_unfused_luong_paths_agree_in_value_and_gradient():
+  cfg = _cfg(decoder="luong", input_feeding=False, score="scaled_dot", dec_hidden=32, enc_hidden=24)
+  unfused, fused = build_model(cfg), build_model(cfg.replace(fused=True))
+  batch = _batch()
+  a, w = unfused(batch)
+  b, w_fused = fused(batch)
+  assert w_fused is None  # the kernel never forms the weights
+  np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+  from flax import nnx
+  grads = lambda m: nnx.grad(lambda m: jnp.sum(m(batch)[0] ** 2))(m)
+  for ga, gb in zip(jax.tree.leaves(grads(unfused)), jax.tree.leaves(grads(fused))):
+    np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-4)

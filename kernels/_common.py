@@ -1,0 +1,401 @@
+"""Pieces shared by the fused attention kernels: block sizes, input checks, padding, Pallas helpers
+(dots, BlockSpecs, `call_kernel` with optional NaN-poisoned outputs), and the two non-Pallas
+implementations every kernel also offers.
+
+- `blocked_attention`: the exact, memory-efficient pure-JAX path for CPU. A `lax.map` over query
+  blocks of a `lax.scan` over key blocks with the online softmax (FlashAttention-2, Dao 2023,
+  Algorithm 1), and a hand-written blocked backward under `jax.custom_vjp` that recomputes the
+  probabilities of each tile from the saved log-sum-exp. Memory is O(T·d + block_q·block_k·c),
+  where c is what one score tile needs (1 for dot products, d_attn for additive scores).
+- `naive_attention`: the dense reference (the "xla" implementation), differentiated by autodiff.
+
+Both take a per-head *score function* `score_fn(theta, q_blk, k_blk) -> [tq, tk] float32`, so the
+dot-product and additive kernels share them. Layout inside this module is head-major,
+q: [B, H, Tq, dq], k: [B, H, Tk, dk], v: [B, H, Tk, dv]; the public wrappers transpose from the
+`[B, T, H, d]` layout of `jax.nn.dot_product_attention`.
+
+Masking conventions are those of `attn/masks.py`: a key j is valid for query i when
+j < key_length, i < query_length and, if causal, j <= i (top-left aligned, also when Tq != Tk).
+A query row with no valid key gets an all-zero output row, log-sum-exp -inf, and zero gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+_F32 = jnp.float32
+# Finite stand-in for -inf inside the online softmax: exp(MASK_VALUE - m) underflows to 0 while
+# MASK_VALUE - MASK_VALUE stays 0, so a row that has seen no valid key yet never produces NaN.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+IMPLEMENTATIONS = ("auto", "pallas", "blocked", "xla")
+MIN_BLOCK = 16  # Triton's dot needs M, N, K >= 16; Pallas Triton needs power-of-two shapes.
+MAX_HEAD_DIM = 256  # a [block, d] tile of q, k and v must fit the GPU's shared memory
+
+
+def _is_pow2(n: int) -> bool:
+  return n > 0 and (n & (n - 1)) == 0
+
+
+def next_pow2(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Tile sizes of the kernels. Powers of two, at least 16 (block_d: at least 1).
+
+  block_q, block_k: forward tile ([block_q, block_k] scores in on-chip memory).
+  block_q_bwd, block_k_bwd: tiles of the dq and dk/dv backward kernels (default: the forward ones).
+  block_d: additive kernels only, the slice of d_attn whose tanh tile [block_q, block_k, block_d]
+    is formed at once (default: chosen by the kernel).
+  num_warps, num_stages: Triton launch parameters (None: a heuristic on the head dim).
+  The blocked CPU path uses block_q / block_k as its query chunk and key step.
+  """
+  block_q: int = 128
+  block_k: int = 64
+  block_q_bwd: int | None = None
+  block_k_bwd: int | None = None
+  block_d: int | None = None
+  num_warps: int | None = None
+  num_stages: int = 2
+
+  def __post_init__(self):
+    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+      value = getattr(self, name)
+      if value is None and name.endswith("_bwd"):
+        continue
+      if not isinstance(value, (int, np.integer)) or not _is_pow2(value) or value < MIN_BLOCK:
+        raise ValueError(f"BlockSizes.{name} must be a power of two >= {MIN_BLOCK}, got {value!r}")
+    if self.block_d is not None and (not isinstance(self.block_d, (int, np.integer))
+                                     or not _is_pow2(self.block_d)):
+      raise ValueError(f"BlockSizes.block_d must be a power of two, got {self.block_d!r}")
+    if self.num_warps is not None and not _is_pow2(self.num_warps):
+      raise ValueError(f"BlockSizes.num_warps must be a power of two, got {self.num_warps!r}")
+    if self.num_stages < 1:
+      raise ValueError(f"BlockSizes.num_stages must be >= 1, got {self.num_stages!r}")
+
+  @property
+  def bwd_q(self) -> int:
+    return self.block_q_bwd or self.block_q
+
+  @property
+  def bwd_k(self) -> int:
+    return self.block_k_bwd or self.block_k
+
+  def clamp(self, Tq: int, Tk: int) -> BlockSizes:
+    """Shrinks blocks that exceed the (power-of-two rounded) sequence lengths."""
+    cq, ck = max(MIN_BLOCK, next_pow2(Tq)), max(MIN_BLOCK, next_pow2(Tk))
+    return dataclasses.replace(self, block_q=min(self.block_q, cq), block_k=min(self.block_k, ck),
+                               block_q_bwd=min(self.bwd_q, cq), block_k_bwd=min(self.bwd_k, ck))
+
+
+def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
+  """The BlockSizes to use from the public arguments (block_sizes wins; block_q/k override)."""
+  if block_sizes is not None:
+    if block_q is not None or block_k is not None:
+      raise ValueError("pass either block_sizes or block_q/block_k, not both")
+    if not isinstance(block_sizes, BlockSizes):
+      raise ValueError(
+          f"block_sizes must be a kernels.BlockSizes, got {type(block_sizes).__name__}")
+    return block_sizes
+  changes = {}
+  if block_q is not None:
+    changes.update(block_q=block_q, block_q_bwd=block_q)
+  if block_k is not None:
+    changes.update(block_k=block_k, block_k_bwd=block_k)
+  return dataclasses.replace(default, **changes)
+
+
+def resolve_implementation(implementation: str) -> str:
+  """"auto" -> "pallas" on GPU, "blocked" elsewhere. Unknown names fail with the known ones."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
+  if implementation == "auto":
+    # TPU is left on the blocked path until the kernel's Mosaic TPU lowering has been validated
+    # on a TPU (the [B, T, H, d] BlockSpecs put a squeezed head axis in the second-minor position).
+    return "pallas" if jax.default_backend() == "gpu" else "blocked"
+  return implementation
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+  """Pallas runs in interpret mode on CPU (there is no CPU lowering)."""
+  if interpret is None:
+    return jax.default_backend() == "cpu"
+  return bool(interpret)
+
+
+def check_dtype(name: str, x) -> None:
+  if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+    raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+
+
+def check_lengths(name: str, lengths, B: int, T: int):
+  """[B] int32 lengths clipped to [0, T]; T for every sequence when `lengths` is None."""
+  if lengths is None:
+    return jnp.full((B,), T, jnp.int32)
+  lengths = jnp.asarray(lengths)
+  if lengths.shape != (B,):
+    raise ValueError(f"{name} must have shape [B]=({B},), got {lengths.shape}")
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer, got {lengths.dtype}")
+  return jnp.clip(lengths.astype(jnp.int32), 0, T)
+
+
+def pad_axis(x, axis: int, size: int):
+  """Zero-pads axis `axis` of x up to `size`."""
+  if x.shape[axis] == size:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+def valid_mask(q_pos, k_pos, key_length, query_length, causal: bool):
+  """[tq, tk] bool: key j is visible to query i (see the module docstring)."""
+  valid = (k_pos[None, :] < key_length) & (q_pos[:, None] < query_length)
+  if causal:
+    valid &= k_pos[None, :] <= q_pos[:, None]
+  return valid
+
+
+def finish_softmax(m, l, acc):
+  """Online-softmax state -> (out = acc / l, lse = m + log l); empty rows -> (0, -inf)."""
+  nonempty = l > 0
+  l_safe = jnp.where(nonempty, l, 1.0)
+  out = acc / l_safe[..., None]
+  lse = jnp.where(nonempty, m + jnp.log(l_safe), -jnp.inf)
+  return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Pallas helpers shared by the kernels.
+
+
+def dot(a, b):  # [m, k] @ [k, n]
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=_F32)
+
+
+def dot_nt(a, b):  # [m, k] @ [n, k]^T
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+
+
+def dot_tn(a, b):  # [k, m]^T @ [k, n]
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
+
+
+def num_key_blocks(i, block_q, block_k, key_length, query_length, causal):
+  """Key blocks that query block i visits (none when all its rows are padding)."""
+  hi = key_length
+  if causal:
+    hi = jnp.minimum(hi, (i + 1) * block_q)
+  hi = jnp.where(i * block_q < query_length, hi, 0)
+  return lax.div(hi + block_k - 1, block_k)
+
+
+def compiler_params(blocks: BlockSizes, head_dim: int):
+  """Triton launch parameters on GPU; None elsewhere (interpret mode ignores them)."""
+  if jax.default_backend() != "gpu":
+    return None
+  from jax.experimental.pallas import triton as pl_triton  # deprecated in jax 0.11: import lazily
+  num_warps = blocks.num_warps or (4 if head_dim <= 64 else 8)
+  return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
+
+
+def call_kernel(kernel, inputs, in_specs, out_shapes, out_specs, *, grid, cfg, name, head_dim,
+                cost_estimate=None):
+  """pallas_call; with cfg.poison, outputs start as NaN buffers aliased to extra inputs."""
+  extra, aliases = [], {}
+  if cfg.poison:
+    extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shapes]
+    aliases = {len(inputs) + n: n for n in range(len(out_shapes))}
+  return pl.pallas_call(
+      kernel, out_shape=out_shapes, grid=grid,
+      in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []), out_specs=out_specs,
+      input_output_aliases=aliases, interpret=cfg.interpret, name=name,
+      compiler_params=compiler_params(cfg.blocks, head_dim), cost_estimate=cost_estimate,
+  )(*inputs, *extra)
+
+
+def row_spec(block, width):  # a [block, width] slab of [B, T, H, width], grid (row block, b, h)
+  return pl.BlockSpec((None, block, None, width), lambda r, b, h: (b, r, h, 0))
+
+
+def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
+  return pl.BlockSpec((None, T, None, width), lambda r, b, h: (b, 0, h, 0))
+
+
+LEN_SPEC = pl.BlockSpec((1,), lambda r, b, h: (b,))
+
+
+def to_heads(x):  # [B, T, H, d] -> [B, H, T, d]
+  return jnp.swapaxes(x, 1, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Blocked pure-JAX path.
+
+
+def _blocked_fwd_single(score_fn, causal, bq, bk, q, k, v, theta, kl, ql):
+  """One (batch, head): q [Tq_p, dq], k [Tk_p, dk], v [Tk_p, dv] -> (out [Tq_p, dv], lse [Tq_p])."""
+  nq, nk = q.shape[0] // bq, k.shape[0] // bk
+  kb = k.reshape(nk, bk, k.shape[-1])
+  vb = v.reshape(nk, bk, v.shape[-1]).astype(_F32)
+
+  def one_query_block(args):
+    i, q_blk = args
+    q_pos = i * bq + jnp.arange(bq)
+
+    def step(carry, xs):
+      m_prev, l_prev, acc_prev = carry
+      j, k_blk, v_blk = xs
+      s = score_fn(theta, q_blk, k_blk)  # [bq, bk] f32
+      valid = valid_mask(q_pos, j * bk + jnp.arange(bk), kl, ql, causal)
+      s = jnp.where(valid, s, MASK_VALUE)
+      # FlashAttention-2 Algorithm 1, lines 8-10: running max m, rescaled sum l and accumulator.
+      m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
+      alpha = jnp.exp(m_prev - m_new)
+      p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
+      l_new = alpha * l_prev + jnp.sum(p, axis=-1)
+      acc_new = alpha[:, None] * acc_prev + p @ v_blk
+      return (m_new, l_new, acc_new), None
+
+    init = (jnp.full((bq,), MASK_VALUE, _F32), jnp.zeros((bq,), _F32),
+            jnp.zeros((bq, v.shape[-1]), _F32))
+    (m, l, acc), _ = lax.scan(step, init, (jnp.arange(nk), kb, vb))
+    return finish_softmax(m, l, acc)
+
+  out, lse = lax.map(one_query_block, (jnp.arange(nq), q.reshape(nq, bq, q.shape[-1])))
+  return out.reshape(nq * bq, v.shape[-1]), lse.reshape(nq * bq)
+
+
+def _blocked_bwd_single(score_fn, causal, bq, bk, q, k, v, theta, kl, ql, out, lse, do, g_lse):
+  """Gradients for one (batch, head), recomputing each [bq, bk] tile from lse.
+
+  dS = P ∘ (dP − δ), δ_i = Σ_d dO_id O_id − ∂L/∂lse_i (FlashAttention-2, Algorithm 2); the tile's
+  score function is differentiated locally with `jax.vjp`, so any score works.
+  """
+  nq, nk = q.shape[0] // bq, k.shape[0] // bk
+  q32, k32 = q.astype(_F32), k.astype(_F32)  # accumulate the tile vjps in float32
+  theta32 = jax.tree.map(lambda t: t.astype(_F32), theta)
+  do = do.astype(_F32)
+  delta = jnp.sum(do * out.astype(_F32), axis=-1) - g_lse  # [Tq_p]
+  qb = q32.reshape(nq, bq, -1)
+  dob = do.reshape(nq, bq, -1)
+  lseb, deltab = lse.reshape(nq, bq), delta.reshape(nq, bq)
+
+  def key_step(carry, xs):
+    dq_acc, dtheta_acc = carry
+    j, k_blk, v_blk = xs
+    k_pos = j * bk + jnp.arange(bk)
+
+    def query_step(inner, ys):
+      dk_blk, dv_blk, dtheta = inner
+      i, q_blk, do_blk, lse_blk, delta_blk = ys
+      s, vjp = jax.vjp(lambda qq, kk, th: score_fn(th, qq, kk), q_blk, k_blk, theta32)
+      valid = valid_mask(i * bq + jnp.arange(bq), k_pos, kl, ql, causal)
+      p = jnp.where(valid, jnp.exp(s - lse_blk[:, None]), 0.0)  # lse = -inf only on empty rows
+      dv_blk = dv_blk + p.T @ do_blk
+      ds = p * (do_blk @ v_blk.T - delta_blk[:, None])
+      dq_blk, dk_part, dth = vjp(ds)
+      dtheta = jax.tree.map(jnp.add, dtheta, dth)
+      return (dk_blk + dk_part, dv_blk, dtheta), dq_blk
+
+    init = (jnp.zeros_like(k_blk), jnp.zeros((bk, v.shape[-1]), _F32), dtheta_acc)
+    (dk_blk, dv_blk, dtheta_acc), dq_parts = lax.scan(
+        query_step, init, (jnp.arange(nq), qb, dob, lseb, deltab))
+    return (dq_acc + dq_parts, dtheta_acc), (dk_blk, dv_blk)
+
+  init = (jnp.zeros_like(qb), jax.tree.map(jnp.zeros_like, theta32))
+  (dq, dtheta), (dk, dv) = lax.scan(
+      key_step, init,
+      (jnp.arange(nk), k32.reshape(nk, bk, -1), v.astype(_F32).reshape(nk, bk, -1)))
+  return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dtheta
+
+
+def _vmap_bh(fn, theta_axis):
+  """vmap a single-(batch, head) function over H then B. theta is per head (axis 0) or None."""
+  over_h = jax.vmap(fn, in_axes=(0, 0, 0, theta_axis, None, None))
+  return jax.vmap(over_h, in_axes=(0, 0, 0, None, 0, 0))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _blocked_core(score_fn, causal, bq, bk, q, k, v, theta, kl, ql):
+  fn = functools.partial(_blocked_fwd_single, score_fn, causal, bq, bk)
+  theta_axis = None if theta is None else 0
+  return _vmap_bh(fn, theta_axis)(q, k, v, theta, kl, ql)
+
+
+def _blocked_core_fwd(score_fn, causal, bq, bk, q, k, v, theta, kl, ql):
+  out, lse = _blocked_core(score_fn, causal, bq, bk, q, k, v, theta, kl, ql)
+  return (out, lse), (q, k, v, theta, kl, ql, out, lse)
+
+
+def _blocked_core_bwd(score_fn, causal, bq, bk, res, cts):
+  q, k, v, theta, kl, ql, out, lse = res
+  g_out, g_lse = cts
+  fn = functools.partial(_blocked_bwd_single, score_fn, causal, bq, bk)
+  theta_axis = None if theta is None else 0
+  over_h = jax.vmap(fn, in_axes=(0, 0, 0, theta_axis, None, None, 0, 0, 0, 0),
+                    out_axes=(0, 0, 0, theta_axis))
+  # theta is shared across the batch: its per-example gradients come back stacked, summed below.
+  over_b = jax.vmap(over_h, in_axes=(0, 0, 0, None, 0, 0, 0, 0, 0, 0), out_axes=0)
+  dq, dk, dv, dtheta = over_b(q, k, v, theta, kl, ql, out, lse, g_out, g_lse)
+  dtheta = jax.tree.map(lambda g, t: jnp.sum(g, axis=0).astype(t.dtype), dtheta, theta)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dtheta, None, None)
+
+
+_blocked_core.defvjp(_blocked_core_fwd, _blocked_core_bwd)
+
+
+def blocked_attention(score_fn: Callable, q, k, v, theta, kl, ql, *, causal: bool, block_q: int,
+                      block_k: int):
+  """Exact attention in O(T·d + block_q·block_k) memory, differentiable.
+
+  q: [B, H, Tq, dq], k: [B, H, Tk, dk], v: [B, H, Tk, dv]; theta: per-head score parameters with
+  a leading H axis, or None; kl, ql: [B] int32 already clipped to [0, Tk], [0, Tq].
+  Returns (out [B, H, Tq, dv] float32, lse [B, H, Tq] float32; -inf on rows with no valid key).
+  """
+  Tq, Tk = q.shape[2], k.shape[2]
+  bq, bk = min(block_q, next_pow2(Tq)), min(block_k, next_pow2(Tk))
+  Tq_p, Tk_p = round_up(Tq, bq), round_up(Tk, bk)
+  qp, kp, vp = pad_axis(q, 2, Tq_p), pad_axis(k, 2, Tk_p), pad_axis(v, 2, Tk_p)
+  out, lse = _blocked_core(score_fn, causal, bq, bk, qp, kp, vp, theta, kl, ql)
+  return out[:, :, :Tq], lse[:, :, :Tq]
+
+
+# ----------------------------------------------------------------------------------------------
+# Naive dense reference ("xla").
+
+
+def naive_attention(score_fn: Callable, q, k, v, theta, kl, ql, *, causal: bool):
+  """Dense attention: materializes every score (and whatever score_fn forms for them).
+
+  Same arguments and returns as `blocked_attention`. Differentiated by autodiff; NaN-free on
+  rows with no valid key (the row max is a stop-gradient shift and the denominator is guarded).
+  """
+  theta_axis = None if theta is None else 0
+  scores = jax.vmap(jax.vmap(score_fn, in_axes=(theta_axis, 0, 0)), in_axes=(None, 0, 0))
+  s = scores(theta, q, k)  # [B, H, Tq, Tk] f32
+  Tq, Tk = s.shape[-2:]
+  valid = jax.vmap(lambda a, b: valid_mask(jnp.arange(Tq), jnp.arange(Tk), a, b, causal))(kl, ql)
+  valid = valid[:, None]  # [B, 1, Tq, Tk]
+  s = jnp.where(valid, s, MASK_VALUE)
+  m = lax.stop_gradient(jnp.max(s, axis=-1))
+  p = jnp.where(valid, jnp.exp(s - m[..., None]), 0.0)
+  l = jnp.sum(p, axis=-1)
+  acc = jnp.einsum("bhqk,bhkd->bhqd", p, v.astype(_F32))
+  return finish_softmax(m, l, acc)

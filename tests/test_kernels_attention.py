@@ -1,0 +1,347 @@
+"""kernels.attention (issue 3) against a float64 NumPy reference, for every implementation.
+
+Tolerance rule (as in FlashAttention's suites): in a given dtype, an implementation's error
+against float64 is at most twice the error of the naive implementation ("xla") in that same
+dtype, plus a small floor. The naive implementation itself is held to an absolute table.
+The Pallas suite runs compiled on a GPU (`TestPallasAttention`) and in interpret mode on CPU
+(`TestPallasAttentionInterpret`, the same tests with INTERPRET = True).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels
+from kernels import flash_attention as fa
+
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# Floor added to 2x the naive error, relative to max(1, max|reference|).
+FLOOR = {jnp.float32: 1e-6, jnp.bfloat16: 2e-3, jnp.float16: 2.5e-4}
+# The naive implementation's own error bound (same scale).
+NAIVE_TOL = {jnp.float32: 1e-5, jnp.bfloat16: 3e-2, jnp.float16: 4e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  B: int
+  Tq: int
+  Tk: int
+  H: int
+  d: int
+  dv: int
+  causal: bool
+  key_lengths: tuple | None = None
+  query_lengths: tuple | None = None
+
+  def __str__(self):
+    return self.name
+
+
+# Sizes differ within each case so that a swapped axis changes the shapes and fails.
+CASES = [
+    # Odd lengths, Tq < Tk, a batch row with no keys at all, padded query rows, d not a power of 2.
+    Case("cross_padded", B=2, Tq=37, Tk=53, H=3, d=40, dv=24, causal=False,
+         key_lengths=(53, 0), query_lengths=(30, 37)),
+    # Causal with Tq > Tk (top-left aligned: rows past Tk see every valid key), short keys.
+    Case("causal_tall", B=2, Tq=45, Tk=29, H=1, d=32, dv=48, causal=True, key_lengths=(29, 7)),
+    # Causal with Tq < Tk and padded queries.
+    Case("causal_wide", B=1, Tq=21, Tk=70, H=2, d=64, dv=16, causal=True, query_lengths=(13,)),
+    # Self attention with a head dim of 128 and a key length of 1.
+    Case("self_causal_d128", B=3, Tq=33, Tk=33, H=2, d=128, dv=80, causal=True,
+         key_lengths=(33, 1, 17), query_lengths=(33, 33, 9)),
+    # One query (decoding), no masks.
+    Case("single_query", B=2, Tq=1, Tk=50, H=4, d=48, dv=16, causal=False),
+]
+# Every case in float32; the half-precision dtypes on the three cases that carry the masks.
+FWD_CASES = [(c, dt) for c in CASES for dt in DTYPES
+             if dt == jnp.float32 or c.name in ("cross_padded", "causal_tall", "self_causal_d128")]
+GRAD_CASES = [(c, jnp.float32) for c in CASES] + [(CASES[0], jnp.bfloat16),
+                                                    (CASES[1], jnp.float16)]
+
+
+def make_inputs(case: Case, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((case.B, case.Tq, case.H, case.d))
+  k = rng.standard_normal((case.B, case.Tk, case.H, case.d))
+  v = rng.standard_normal((case.B, case.Tk, case.H, case.dv))
+  q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
+  kl = None if case.key_lengths is None else jnp.asarray(case.key_lengths, jnp.int32)
+  ql = None if case.query_lengths is None else jnp.asarray(case.query_lengths, jnp.int32)
+  return q, k, v, kl, ql
+
+
+def np_attention(q, k, v, kl, ql, causal, scale, g_out, g_lse):
+  """float64 NumPy attention: (out, lse, dq, dk, dv) for loss = <out, g_out> + <lse, g_lse>.
+
+  Written from the definitions (softmax over valid keys; empty rows give 0 and lse -inf), with
+  the gradient derived by hand: dS = P o (dP - rowsum(P o dP)) + P o g_lse.
+  """
+  q, k, v, g_out = (np.asarray(x, np.float64) for x in (q, k, v, g_out))
+  B, Tq, H, _ = q.shape
+  Tk = k.shape[1]
+  kl = np.full(B, Tk) if kl is None else np.asarray(kl)
+  ql = np.full(B, Tq) if ql is None else np.asarray(ql)
+  i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
+  valid = (j < kl[:, None, None]) & (i < ql[:, None, None])  # [B, Tq, Tk]
+  if causal:
+    valid = valid & (j <= i)
+  valid = valid[:, None]  # [B, 1, Tq, Tk]
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+  m = np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True)
+  m = np.where(np.isfinite(m), m, 0.0)
+  e = np.where(valid, np.exp(s - m), 0.0)
+  l = e.sum(-1, keepdims=True)
+  p = e / np.where(l > 0, l, 1.0)
+  out = np.einsum("bhqk,bkhd->bqhd", p, v)
+  with np.errstate(divide="ignore"):
+    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf)  # [B, H, Tq]
+  g_lse_h = np.swapaxes(np.asarray(g_lse, np.float64), 1, 2)  # [B, H, Tq]
+  dp = np.einsum("bqhd,bkhd->bhqk", g_out, v)
+  ds = p * (dp - np.sum(p * dp, -1, keepdims=True)) + p * g_lse_h[..., None]
+  dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
+  dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+  dv = np.einsum("bhqk,bqhd->bkhd", p, g_out)
+  return out, np.swapaxes(lse, 1, 2), dq, dk, dv
+
+
+def _max_err(x, ref):
+  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+  both_inf = np.isneginf(x) & np.isneginf(ref)
+  diff = np.abs(np.where(both_inf, 0.0, x) - np.where(both_inf, 0.0, ref))
+  return float(np.max(diff, initial=0.0))  # NaN or a lone inf makes this NaN/inf: fails
+
+
+def _magnitude(ref):
+  return max(1.0, float(np.max(np.abs(np.where(np.isfinite(ref), ref, 0.0)), initial=0.0)))
+
+
+def assert_as_close_as_naive(got, naive, ref, dtype, what):
+  assert np.all(np.isfinite(np.asarray(got, np.float32)) | np.isneginf(ref)), f"{what}: NaN/inf"
+  floor = FLOOR[dtype] * _magnitude(ref)
+  err, err_naive = _max_err(got, ref), _max_err(naive, ref)
+  assert err <= 2 * err_naive + floor, (
+      f"{what}: error {err:.3g} > 2 x naive {err_naive:.3g} + floor {floor:.3g}")
+
+
+def loss_and_grads(fn, q, k, v, g_out, g_lse):
+  """Gradient of <out, g_out> + <lse, g_lse> (lse's -inf rows contribute nothing)."""
+  def loss(q, k, v):
+    out, lse = fn(q, k, v)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return jnp.sum(out.astype(jnp.float32) * g_out) + jnp.sum(lse * g_lse)
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def cotangents(case: Case, seed=1):
+  rng = np.random.default_rng(seed)
+  g_out = rng.standard_normal((case.B, case.Tq, case.H, case.dv)).astype(np.float32)
+  g_lse = rng.standard_normal((case.B, case.Tq, case.H)).astype(np.float32)
+  return jnp.asarray(g_out), jnp.asarray(g_lse)
+
+
+class _AttentionSuite:
+  """Tests shared by the implementations; subclasses set IMPLEMENTATION (and INTERPRET)."""
+  IMPLEMENTATION = "pallas"
+  INTERPRET: bool | None = None
+  BLOCKS: dict = {}
+
+  def run(self, q, k, v, kl, ql, causal, **kw):
+    kw = {**self.BLOCKS, **kw}
+    return fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql, causal=causal,
+                                 implementation=self.IMPLEMENTATION, interpret=self.INTERPRET, **kw)
+
+  def naive(self, q, k, v, kl, ql, causal):
+    return fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql, causal=causal,
+                                 implementation="xla")
+
+  @pytest.mark.parametrize("case,dtype", FWD_CASES,
+                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in FWD_CASES])
+  def test_forward_matches_float64(self, case, dtype):
+    q, k, v, kl, ql = make_inputs(case, dtype)
+    g_out, g_lse = cotangents(case)
+    ref_out, ref_lse, *_ = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    out, lse = self.run(q, k, v, kl, ql, case.causal)
+    assert out.shape == (case.B, case.Tq, case.H, case.dv) and out.dtype == dtype
+    assert lse.shape == (case.B, case.Tq, case.H) and lse.dtype == jnp.float32
+    naive_out, naive_lse = self.naive(q, k, v, kl, ql, case.causal)
+    assert_as_close_as_naive(out, naive_out, ref_out, dtype, "out")
+    assert_as_close_as_naive(lse, naive_lse, ref_lse, dtype, "lse")
+    # Rows with no visible key: exactly zero output and lse = -inf, never NaN or the mean of v.
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[empty], 0.0)
+    assert np.all(np.isneginf(np.asarray(lse)[empty]))
+
+  @pytest.mark.parametrize("case,dtype", GRAD_CASES,
+                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in GRAD_CASES])
+  def test_gradients_match_float64(self, case, dtype):
+    q, k, v, kl, ql = make_inputs(case, dtype)
+    g_out, g_lse = cotangents(case)
+    _, _, *ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    got = loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal), q, k, v, g_out,
+                         g_lse)
+    naive = loss_and_grads(lambda q, k, v: self.naive(q, k, v, kl, ql, case.causal), q, k, v,
+                           g_out, g_lse)
+    for name, g, n, r, x in zip(("dq", "dk", "dv"), got, naive, ref, (q, k, v)):
+      assert g.shape == x.shape and g.dtype == x.dtype, name
+      assert_as_close_as_naive(g, n, r, dtype, name)
+
+  def test_empty_rows_have_zero_finite_gradients(self):
+    case = CASES[0]  # batch 1 has no keys; rows 30.. of batch 0 are padding
+    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    g_out, g_lse = cotangents(case)
+    dq, dk, dv = loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal), q, k, v,
+                                g_out, g_lse)
+    for g in (dq, dk, dv):
+      assert np.all(np.isfinite(np.asarray(g)))
+    np.testing.assert_array_equal(np.asarray(dq)[1], 0.0)  # no keys: nothing to move
+    np.testing.assert_array_equal(np.asarray(dq)[0, 30:], 0.0)  # padded query rows
+    np.testing.assert_array_equal(np.asarray(dk)[1], 0.0)
+    np.testing.assert_array_equal(np.asarray(dv)[1], 0.0)
+
+  def test_default_scale_and_custom_scale(self):
+    case = CASES[2]
+    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    g_out, g_lse = cotangents(case)
+    ref_out, *_ = np_attention(q, k, v, kl, ql, case.causal, 0.3, g_out, g_lse)
+    out, _ = self.run(q, k, v, kl, ql, case.causal, scale=0.3)
+    np.testing.assert_allclose(np.asarray(out), ref_out, atol=2e-5)
+
+
+class TestPallasAttention(_AttentionSuite):
+  """Compiled Pallas kernels; needs a GPU. The interpret subclass runs the same tests on CPU."""
+  IMPLEMENTATION = "pallas"
+  INTERPRET = False
+  BLOCKS = {"block_q": 16, "block_k": 32}  # several blocks per sequence at these small shapes
+
+  @pytest.fixture(autouse=True)
+  def _needs_device(self):
+    if not self.INTERPRET and jax.default_backend() == "cpu":
+      pytest.skip("compiled Pallas needs a GPU; TestPallasAttentionInterpret covers it on CPU")
+
+  @pytest.mark.parametrize("blocks", [
+      kernels.BlockSizes(block_q=16, block_k=16),
+      kernels.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32),
+      kernels.BlockSizes(block_q=64, block_k=64),  # one block covers everything
+  ], ids=["16x16", "32x16_bwd16x32", "64x64"])
+  def test_block_sizes(self, blocks):
+    case = CASES[1]
+    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    g_out, g_lse = cotangents(case)
+    ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    run = lambda q, k, v: fa.attention_with_lse(
+        q, k, v, key_lengths=kl, query_lengths=ql, causal=case.causal, implementation="pallas",
+        interpret=self.INTERPRET, block_sizes=blocks)
+    out, lse = run(q, k, v)
+    grads = loss_and_grads(run, q, k, v, g_out, g_lse)
+    for got, want in zip((out, lse, *grads), ref):
+      np.testing.assert_allclose(np.asarray(got), want, atol=3e-5, rtol=1e-5)
+
+  def test_every_output_element_is_written(self):
+    """Outputs start as NaN (aliased poison buffers); every element, padding included, must be
+    overwritten by the forward, dq and dk/dv kernels."""
+    case = CASES[0]
+    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    kl_, ql_ = (jnp.clip(x, 0, t) for x, t in ((kl, case.Tk), (ql, case.Tq)))
+    g_out, _ = cotangents(case)
+
+    for causal_case in (False, True):
+      def f(q, k, v, poison=True):
+        return fa._pallas_padded(q, k, v, kl_, ql_, causal=causal_case, scale=0.25,
+                                 blocks=kernels.BlockSizes(block_q=16, block_k=32),
+                                 interpret=self.INTERPRET, poison=poison)
+      (out, lse), vjp = jax.vjp(f, q, k, v)
+      assert out.shape[1] == 48 and out.shape[-1] == 32  # padded from 37 rows, 24 columns
+      assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
+      g = jnp.zeros_like(out).at[:, :case.Tq, :, :case.dv].set(g_out)
+      grads = vjp((g, jnp.zeros_like(lse)))
+      for x in grads:
+        assert not np.any(np.isnan(np.asarray(x)))
+      # Poisoning changes nothing else.
+      out_clean, lse_clean = f(q, k, v, poison=False)
+      np.testing.assert_array_equal(np.asarray(out), np.asarray(out_clean))
+      np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_clean))
+
+  def test_head_dim_above_256_is_refused(self):
+    q = jnp.zeros((1, 16, 1, 320), jnp.float32)
+    with pytest.raises(ValueError, match="head dims up to 256"):
+      fa.attention(q, q, q, implementation="pallas", interpret=self.INTERPRET)
+
+
+class TestPallasAttentionInterpret(TestPallasAttention):
+  INTERPRET = True
+
+
+class TestBlockedAttention(_AttentionSuite):
+  IMPLEMENTATION = "blocked"
+  BLOCKS = {"block_q": 16, "block_k": 32}
+
+  def test_auto_is_blocked_on_cpu(self):
+    if jax.default_backend() != "cpu":
+      pytest.skip("checks the CPU choice of 'auto'")
+    case = CASES[0]
+    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    auto = fa.attention(q, k, v, key_lengths=kl, query_lengths=ql)
+    blocked = fa.attention(q, k, v, key_lengths=kl, query_lengths=ql, implementation="blocked")
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(blocked))
+
+
+class TestNaiveAttention:
+  """The "xla" yardstick itself, held to an absolute per-dtype table against float64."""
+
+  @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+  @pytest.mark.parametrize("case", CASES[:2], ids=str)
+  def test_naive_matches_float64(self, case, dtype):
+    q, k, v, kl, ql = make_inputs(case, dtype)
+    g_out, g_lse = cotangents(case)
+    ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    out, lse = fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql,
+                                     causal=case.causal, implementation="xla")
+    grads = loss_and_grads(
+        lambda q, k, v: fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql,
+                                              causal=case.causal, implementation="xla"),
+        q, k, v, g_out, g_lse)
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref):
+      assert _max_err(got, want) <= NAIVE_TOL[dtype] * _magnitude(want), name
+
+
+def test_agrees_with_attn_attend_scaled_dot():
+  """Models switch between attn.attend(score="scaled_dot") and the kernel by a flag."""
+  attend = pytest.importorskip("attn.core").attend
+  case = CASES[3]
+  q, k, v, kl, ql = make_inputs(case, jnp.float32)
+  from attn import masks
+  mask = masks.padding_mask(kl, case.Tk, query_lengths=ql, Tq=case.Tq)[:, None]  # [B, 1, Tq, Tk]
+  heads = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, d] -> [B, H, T, d]
+  ctx, _ = attend(None, heads(q), heads(k), heads(v), score="scaled_dot", mask=mask, causal=True)
+  for impl in ("pallas", "blocked", "xla"):
+    out = fa.attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=True,
+                       implementation=impl, block_q=16, block_k=16)
+    np.testing.assert_allclose(np.asarray(heads(out)), np.asarray(ctx), atol=2e-5, err_msg=impl)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(k=jnp.zeros((2, 9, 3, 8))), "batch or heads"),
+    (dict(k=jnp.zeros((1, 9, 2, 8))), "batch or heads"),
+    (dict(v=jnp.zeros((1, 7, 3, 8))), "disagree on Tk"),
+    (dict(k=jnp.zeros((1, 9, 3, 4)), v=jnp.zeros((1, 9, 3, 4))), "same head dim"),
+    (dict(q=jnp.zeros((5, 3, 8))), r"must be \[B, T, H, d\]"),
+    (dict(q=jnp.zeros((1, 5, 3, 8), jnp.int32)), "float32, bfloat16 or float16"),
+    (dict(v=jnp.zeros((1, 9, 3, 8), jnp.bfloat16)), "share a dtype"),
+    (dict(implementation="cuda"), "unknown implementation 'cuda'"),
+    (dict(block_q=24), "power of two"),
+    (dict(block_q=16, block_sizes=kernels.BlockSizes()), "either block_sizes"),
+    (dict(key_lengths=jnp.array([3, 4])), r"key_lengths must have shape \[B\]"),
+    (dict(query_lengths=jnp.array([2.0])), "query_lengths must be integer"),
+])
+def test_bad_input_is_refused(kwargs, match):
+  args = dict(q=jnp.zeros((1, 5, 3, 8)), k=jnp.zeros((1, 9, 3, 8)), v=jnp.zeros((1, 9, 3, 8)))
+  args.update(kwargs)
+  q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+  with pytest.raises(ValueError, match=match):
+    fa.attention(q, k, v, **args)
