@@ -83,11 +83,35 @@ def _check_qkv(q, k, v):
     raise ValueError(f"q and k need at least [T, d], got q {q.shape}, k {k.shape}")
 
 
+def _fused_attend(params, q, k, v, *, score, temperature, causal, key_lengths, keys_prepared):
+  """attend() through the fused kernels: no [Tq, Tk] (or [Tq, Tk, d_attn]) tensor is formed."""
+  import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
+  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  flat = lambda x: jnp.broadcast_to(x, lead + x.shape[-2:]).reshape((-1,) + x.shape[-2:])[:, :, None]
+  if key_lengths is not None:
+    key_lengths = jnp.broadcast_to(key_lengths, lead).reshape(-1).astype(jnp.int32)
+  kp = k if keys_prepared else prepare_keys(score, params, k)
+  if score == "additive":
+    qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype)) + params["b"].astype(q.dtype)
+    ctx = kernels.additive_attention(flat(qp), flat(kp.astype(q.dtype)),
+                                     (params["v"] / temperature)[None].astype(q.dtype), flat(v),
+                                     key_lengths=key_lengths, causal=causal)
+  else:
+    # Temperature may be traced; the kernel's scale is static, so fold both into q.
+    scale = (1.0 if score == "dot" else q.shape[-1] ** -0.5) / temperature
+    ctx = kernels.attention(flat((q * scale).astype(q.dtype)), flat(kp), flat(v),
+                            key_lengths=key_lengths, causal=causal, scale=1.0)
+  return ctx[:, :, 0].reshape(lead + ctx.shape[1:2] + ctx.shape[-1:]), None
+
+
+FUSED_SCORES = ("dot", "scaled_dot", "additive")
+
+
 @functools.partial(jax.jit, static_argnames=("score", "normalizer", "scope", "causal",
-                                             "half_width", "top_k", "keys_prepared"))
+                                             "half_width", "top_k", "keys_prepared", "fused"))
 def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, temperature=1.0,
            causal=False, scope="global", scope_params=None, half_width=None, top_k=None,
-           positions=None, keys_prepared=False):
+           positions=None, keys_prepared=False, key_lengths=None, fused=False):
   """Attention over keys with a named score, normalizer and scope.
 
   params: the score's parameters (None for dot / scaled_dot).
@@ -99,8 +123,22 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   weights @ v accumulated in float32; a query with no valid key gets zero weights and context.
   Linear attention returns weights=None (it never forms them).
   keys_prepared: k is already `prepare_keys(score, params, k)` (decoders do this once per source).
+  key_lengths: [...] valid keys per sequence (a padding mask; combined with `mask`).
+  fused: run the fused kernel (kernels.attention for dot/scaled_dot, kernels.additive_attention
+    for additive): O(T) memory, weights=None. Needs softmax, the global scope and padding given
+    as key_lengths (mask=None); the same zero context for rows with no valid key.
   """
   _check_qkv(q, k, v)
+  if fused:
+    if score not in FUSED_SCORES or normalizer != "softmax" or scope != "global" or mask is not None:
+      raise ValueError(
+          f"fused=True supports scores {FUSED_SCORES} with normalizer='softmax', scope='global' and "
+          f"padding as key_lengths (no mask); got score={score!r}, normalizer={normalizer!r}, "
+          f"scope={scope!r}, mask={'given' if mask is not None else None}")
+    return _fused_attend(params, q, k, v, score=score, temperature=temperature, causal=causal,
+                         key_lengths=key_lengths, keys_prepared=keys_prepared)
+  if key_lengths is not None:
+    mask = masks_lib.combine(mask, masks_lib.lengths_to_mask(key_lengths, k.shape[-2])[..., None, :])
   scope_variant = get(scope, "scope")
   if scope_variant.full_attention:
     # Its feature map replaces the score and the softmax; refuse choices it would silently drop.

@@ -204,3 +204,36 @@ def test_bad_input_errors_name_the_problem(kwargs, match):
   k_, v_ = args.pop("k"), args.pop("v")
   with pytest.raises((ValueError, KeyError), match=match):
     attn.attend(None, q, k_, v_, **args)
+
+
+@pytest.mark.parametrize("score", ["dot", "scaled_dot", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attend_equals_unfused_in_value_and_gradient(score, causal):
+  q, k, v = _qkv(lead=(2, 3), Tq=5, Tk=7, dq=8, dk=8, dv=4)
+  params = attn.init_score(score, jax.random.PRNGKey(1), 8, 8, d_attn=6)
+  lengths = jnp.array([[7, 3, 0], [1, 7, 5]])  # one sequence with no keys at all
+
+  def run(fused, params, q, k, v):
+    ctx, w = attn.attend(params, q, k, v, score=score, key_lengths=lengths, causal=causal,
+                         temperature=0.7, fused=fused)
+    return ctx, w
+
+  (a, w), (b, w_fused) = run(False, params, q, k, v), run(True, params, q, k, v)
+  assert w_fused is None
+  np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+  assert (np.asarray(b[0, 2]) == 0).all()
+  loss = lambda fused: jax.grad(lambda *a: jnp.sum(run(fused, *a)[0] ** 2),
+                                argnums=(0, 1, 2, 3))(params, q, k, v)
+  for ga, gb in zip(jax.tree.leaves(loss(False)), jax.tree.leaves(loss(True))):
+    assert np.isfinite(gb).all()
+    np.testing.assert_allclose(gb, ga, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(score="general"), dict(normalizer="sparsemax"),
+                                    dict(scope="window", half_width=1),
+                                    dict(mask=jnp.ones((5, 7), bool))])
+def test_fused_attend_refuses_what_the_kernels_cannot_do(kwargs):
+  q, k, v = _qkv(lead=(2,), Tq=5, Tk=7)
+  params = attn.init_score(kwargs.get("score", "dot"), jax.random.PRNGKey(1), 6, 6)
+  with pytest.raises(ValueError, match="fused=True supports"):
+    attn.attend(params, q, k, v, fused=True, **kwargs)

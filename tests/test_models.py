@@ -112,8 +112,9 @@ def test_bad_config_errors(kw, match):
     _cfg(**kw)
 
 
-def test_fused_and_unfused_luong_paths_agree_in_value_and_gradient():
-  cfg = _cfg(decoder="luong", input_feeding=False, score="scaled_dot", dec_hidden=32, enc_hidden=24)
+@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
+def test_fused_and_unfused_luong_paths_agree_in_value_and_gradient(score):
+  cfg = _cfg(decoder="luong", input_feeding=False, score=score, dec_hidden=32, enc_hidden=24)
   unfused, fused = build_model(cfg), build_model(cfg.replace(fused=True))
   batch = _batch()
   a, w = unfused(batch)

@@ -15,8 +15,8 @@ class ModelConfig:
   cell: registered recurrent cell ("gru", "lstm").
   score / normalizer / scope: registered attention variants used by the decoder.
   half_width: D of local-m / local-p windows. input_feeding: Luong's h~_{t-1} fed to the RNN.
-  fused: Luong without input feeding runs all target steps through kernels.attention
-    (scaled_dot score, softmax, global scope only).
+  fused: Luong without input feeding runs all target steps through one fused kernel call
+    (attn.attend(fused=True): dot / scaled_dot / additive scores, softmax, global scope).
   """
   src_vocab: int
   tgt_vocab: int
@@ -43,11 +43,12 @@ class ModelConfig:
     for kind, name in (("decoder", self.decoder), ("cell", self.cell), ("score", self.score),
                        ("normalizer", self.normalizer), ("scope", self.scope)):
       registry.get(name, kind)  # unknown names fail here with the list of known ones
-    if self.fused and (self.decoder != "luong" or self.input_feeding or self.score != "scaled_dot"
+    if self.fused and (self.decoder != "luong" or self.input_feeding
+                       or self.score not in ("dot", "scaled_dot", "additive")
                        or self.normalizer != "softmax" or self.scope != "global"):
       raise ValueError(
-          "model.fused=True runs kernels.attention: it needs decoder='luong', input_feeding=False, "
-          "score='scaled_dot', normalizer='softmax', scope='global'; got "
+          "model.fused=True runs the fused kernels: it needs decoder='luong', input_feeding=False, "
+          "score in dot/scaled_dot/additive, normalizer='softmax', scope='global'; got "
           f"decoder={self.decoder!r}, input_feeding={self.input_feeding}, score={self.score!r}, "
           f"normalizer={self.normalizer!r}, scope={self.scope!r}")
     if not 0.0 <= self.dropout < 1.0:

@@ -231,11 +231,11 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     _, H = jax.lax.scan(body, init["carries"], (jnp.swapaxes(emb, 0, 1), jnp.arange(Tt)))
     H = jnp.swapaxes(H, 0, 1)  # [B, Tt, D]
     if self.cfg.fused:
-      import kernels  # pylint: disable=g-import-not-at-top  (kernels stay optional for attn/)
+      cfg = self.cfg
       lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
-      C = kernels.attention(H[:, :, None, :], memory["keys"][:, :, None, :],
-                            memory["values"][:, :, None, :], key_lengths=lengths)[:, :, 0, :]
-      W = None  # the kernel never forms the [Tt, Ts] weights
+      C, W = attn.attend(_values(self.score_params), H, memory["keys"], memory["values"],
+                         score=cfg.score, temperature=cfg.temperature, key_lengths=lengths,
+                         keys_prepared=True, fused=True)  # W is None: never formed
     else:
       C, W = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
     return self.project(self.attentional_state(C, H), k3), W
