@@ -26,7 +26,7 @@ _PRESETS = {
                             train_size=50_000, num_buckets=6),
         model=dict(emb_dim=64, enc_hidden=128, dec_hidden=128, d_attn=128, dropout=0.0,
                    match_params_of="bahdanau"),
-        train=dict(steps=2000, eval_every=1000, checkpoint_every=250, learning_rate=3e-3,
+        train=dict(steps=1200, eval_every=600, checkpoint_every=200, learning_rate=3e-3,
                    warmup_steps=100, eval_decode_sentences=300)),
     "dates": dict(data="dates", model=dict(emb_dim=64, enc_hidden=128, dec_hidden=128, d_attn=64,
                                            dropout=0.1), train=dict(steps=2000)),
