@@ -24,15 +24,19 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("experiment", "translate", "Module under experiments/ to run.")
-flags.DEFINE_string("config", None, "Config file and preset passed to the experiment.")
-flags.DEFINE_string("workdir", None, "Sweep directory; each run gets a subdirectory.")
-flags.DEFINE_multi_string("set", [], "Override applied to every run: key=value (config.<key>).")
-flags.DEFINE_multi_string("sweep", [], "Grid axis: key=v1,v2,... (one run per combination).")
-flags.DEFINE_list("metrics", ["bleu", "exact_match", "params", "tokens_per_sec", "wall_s"],
-                  "results.json fields tabulated (the first is plotted).")
-flags.DEFINE_bool("dry_run", False, "Print the commands only.")
-flags.mark_flags_as_required(["workdir"])
+
+
+def define_flags():
+  """Defined on demand, so tests can import this module next to other flag-defining ones."""
+  flags.DEFINE_string("experiment", "translate", "Module under experiments/ to run.")
+  flags.DEFINE_string("config", None, "Config file and preset passed to the experiment.")
+  flags.DEFINE_string("workdir", None, "Sweep directory; each run gets a subdirectory.")
+  flags.DEFINE_multi_string("set", [], "Override applied to every run: key=value (config.<key>).")
+  flags.DEFINE_multi_string("sweep", [], "Grid axis: key=v1,v2,... (one run per combination).")
+  flags.DEFINE_list("metrics", ["bleu", "exact_match", "params", "tokens_per_sec", "wall_s"],
+                    "results.json fields tabulated (the first is plotted).")
+  flags.DEFINE_bool("dry_run", False, "Print the commands only.")
+  flags.mark_flags_as_required(["workdir"])
 
 
 def parse_axis(spec):
@@ -120,4 +124,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -22,14 +22,18 @@ import optax
 import attn
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", "workdirs/demo", "Where the table and heatmap go.")
-flags.DEFINE_integer("steps", 300, "Adam steps per variant.")
-flags.DEFINE_integer("num_keys", 12, "Keys per example (Tk).")
-flags.DEFINE_integer("dim", 16, "Query/key size.")
-flags.DEFINE_float("noise", 0.3, "Query noise standard deviation.")
-flags.DEFINE_list("scores", attn.canonical_names("score"), "Scores to compare.")
-flags.DEFINE_list("normalizers", attn.canonical_names("normalizer"), "Normalizers to compare.")
-flags.DEFINE_integer("seed", 0, "Random seed.")
+
+
+def define_flags():
+  """Defined on demand, so tests can import this module next to other flag-defining ones."""
+  flags.DEFINE_string("workdir", "workdirs/demo", "Where the table and heatmap go.")
+  flags.DEFINE_integer("steps", 300, "Adam steps per variant.")
+  flags.DEFINE_integer("num_keys", 12, "Keys per example (Tk).")
+  flags.DEFINE_integer("dim", 16, "Query/key size.")
+  flags.DEFINE_float("noise", 0.3, "Query noise standard deviation.")
+  flags.DEFINE_list("scores", attn.canonical_names("score"), "Scores to compare.")
+  flags.DEFINE_list("normalizers", attn.canonical_names("normalizer"), "Normalizers to compare.")
+  flags.DEFINE_integer("seed", 0, "Random seed.")
 
 
 def make_batch(key, A, batch, num_keys, noise):
@@ -135,4 +139,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
