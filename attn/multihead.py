@@ -49,16 +49,19 @@ def init_multihead(key, d_model, num_heads, *, d_kv=None, d_head=None, d_out=Non
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "score", "normalizer", "causal", "scope",
-                                             "half_width", "top_k"))
+                                             "half_width", "top_k", "fused"))
 def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normalizer="softmax",
               mask=None, causal=False, temperature=1.0, scope="global", half_width=None,
-              top_k=None):
+              top_k=None, key_lengths=None, fused=False):
   """Multi-head attention.
 
   x_q: [..., Tq, d_model]; x_kv: [..., Tk, d_kv], or None for self-attention (x_kv = x_q).
   mask: bool broadcastable to [..., Tq, Tk] (shared by all heads); causal: top-left aligned.
+  key_lengths: [...] valid keys per sequence (padding; combined with mask).
+  fused: every head through the fused kernels (attend(fused=True)): O(T) memory for long
+    sequences, weights=None; needs padding as key_lengths rather than a mask.
   Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] float32 per head;
-  None for linear attention).
+  None for linear attention and fused=True).
   """
   x_kv = x_q if x_kv is None else x_kv
   if params["wq"].shape[1] != num_heads:
@@ -74,7 +77,7 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   def one_head(sp, cp, q, k, v, mask):
     return core.attend(sp, q, k, v, score=score, normalizer=normalizer, mask=mask,
                        temperature=temperature, causal=causal, scope=scope, scope_params=cp,
-                       half_width=half_width, top_k=top_k)
+                       half_width=half_width, top_k=top_k, key_lengths=key_lengths, fused=fused)
 
   # Heads are vmapped (axis -3) so per-head score/scope parameters stay a leading H axis.
   ctx, w = jax.vmap(

@@ -65,6 +65,21 @@ def test_scopes_run_per_head_with_finite_gradients(scope, opts):
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
+def test_fused_self_attention_equals_unfused(score):
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 9, 16))
+  params = attn.init_multihead(jax.random.PRNGKey(1), 16, 2, score=score, d_attn=8)
+  lengths = jnp.array([9, 4])
+  kw = dict(num_heads=2, score=score, key_lengths=lengths, causal=True)
+  a, w = attn.multihead(params, x, **kw)
+  b, w_fused = attn.multihead(params, x, fused=True, **kw)
+  assert w.shape == (2, 2, 9, 9) and w_fused is None
+  np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+  g = lambda fused: jax.grad(lambda p: jnp.sum(attn.multihead(p, x, fused=fused, **kw)[0] ** 2))(params)
+  for ga, gb in zip(jax.tree.leaves(g(False)), jax.tree.leaves(g(True))):
+    np.testing.assert_allclose(gb, ga, rtol=1e-4, atol=1e-5)
+
+
 def test_errors_name_the_problem():
   params = attn.init_multihead(jax.random.PRNGKey(0), 8, 2)
   with pytest.raises(ValueError, match="built for 2 heads"):
