@@ -11,6 +11,7 @@ built-in tasks and local corpora, opening prepared ones for named TFDS datasets)
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -29,7 +30,7 @@ def _text(value) -> str:
   return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
 
 
-class Source:
+class Source(abc.ABC):
   """Interface. Subclasses set `has_alignments` and implement the methods below."""
   name = ""
   has_alignments = False
@@ -48,8 +49,9 @@ class Source:
     out = {"train": c.train_split, "eval": c.eval_split, "test": c.test_split}
     return {r: s for r, s in out.items() if s}
 
+  @abc.abstractmethod
   def prepare(self, cache_dir: str) -> None:
-    raise NotImplementedError
+    """Implemented by each subclass."""
 
   def data_source(self, role: str):
     """Random-access records of the role's split (len, __getitem__, __getitems__)."""
@@ -61,9 +63,9 @@ class Source:
   def describe(self, role: str) -> str:
     return f"{self.name} {role} split"
 
+  @abc.abstractmethod
   def fingerprint(self) -> str:
     """Identifies the records (used to key the lengths cache)."""
-    raise NotImplementedError
 
 
 class TaskSource(Source):
@@ -113,11 +115,13 @@ class _LocalSource(Source):
   """Shared by parallel_text and jsonl: validate every file, then write them as TFDS."""
   kind = ""
 
+  @abc.abstractmethod
   def _files(self, split: str) -> list[str]:
-    raise NotImplementedError
+    """Implemented by each subclass."""
 
+  @abc.abstractmethod
   def _check(self, files: list[str]) -> None:
-    raise NotImplementedError
+    """Implemented by each subclass."""
 
   def prepare(self, cache_dir):
     from attn.data import builders  # pylint: disable=import-outside-toplevel

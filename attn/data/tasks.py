@@ -29,6 +29,7 @@ test source (nor, for dates and numbers, its value in any wording) occurs in tra
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime
 import re
@@ -69,7 +70,7 @@ def _pairs(rows: list[list[int]]) -> np.ndarray:
   return np.asarray(out, np.int32).reshape(-1, 2)
 
 
-class Task:
+class Task(abc.ABC):
   """Base: subclasses define `sample(rng, role) -> Example | None` (None = reject, draw again)."""
   name = ""
   src_tokenizer = "space"
@@ -86,8 +87,9 @@ class Task:
       raise DataError(f"{self.name}: bad length range {lo}..{hi} for {role}")
     return lo, hi
 
+  @abc.abstractmethod
   def sample(self, rng: np.random.Generator, role: str) -> Example | None:
-    raise NotImplementedError
+    """Implemented by each subclass."""
 
   def example(self, role: str, i: int) -> Example:
     """Example i of `role` (a pure function of seed, role and i)."""
