@@ -245,6 +245,19 @@ def to_heads(x):  # [B, T, H, d] -> [B, H, T, d]
   return jnp.swapaxes(x, 1, 2)
 
 
+def from_heads(out, lse, dtype):
+  """([B, H, Tq, dv], [B, H, Tq]) of the dense/blocked cores -> ([B, Tq, H, dv] in dtype, [B, Tq, H])."""
+  return to_heads(out).astype(dtype), jnp.swapaxes(lse, 1, 2)
+
+
+def default_blocks(implementation: str, interpret: bool, *, blocked: "BlockSizes",
+                   interpreted: "BlockSizes", gpu: "BlockSizes") -> "BlockSizes":
+  """A kernel module's default tiles for the chosen implementation."""
+  if implementation == "blocked":
+    return blocked
+  return interpreted if interpret else gpu
+
+
 # ----------------------------------------------------------------------------------------------
 # Blocked pure-JAX path.
 

@@ -300,23 +300,17 @@ def _impl_blocked(qp, kp, w, val, kl, ql, *, causal, blocks, interpret):
   out, lse = _common.blocked_attention(
       additive_score, to_heads(qp), to_heads(kp), to_heads(val), w, kl, ql, causal=causal,
       block_q=blocks.block_q, block_k=blocks.block_k)
-  return to_heads(out).astype(val.dtype), jnp.swapaxes(lse, 1, 2)
+  return _common.from_heads(out, lse, val.dtype)
 
 
 def _impl_xla(qp, kp, w, val, kl, ql, *, causal, blocks, interpret):
   del blocks, interpret
   out, lse = _common.naive_attention(additive_score, to_heads(qp), to_heads(kp), to_heads(val),
                                      w, kl, ql, causal=causal)
-  return to_heads(out).astype(val.dtype), jnp.swapaxes(lse, 1, 2)
+  return _common.from_heads(out, lse, val.dtype)
 
 
 _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _impl_xla}
-
-
-def _default_blocks(implementation: str, interpret: bool) -> BlockSizes:
-  if implementation == "blocked":
-    return BLOCKED_BLOCKS
-  return INTERPRET_BLOCKS if interpret else GPU_BLOCKS
 
 
 def _check_inputs(q_proj, k_proj, v_vec, values):
@@ -371,7 +365,8 @@ def additive_attention_with_lse(q_proj, k_proj, v_vec, values, *, key_lengths=No
   ql = _common.check_lengths("query_lengths", query_lengths, B, Tq)
   impl = _common.resolve_implementation(implementation)
   interpret = _common.resolve_interpret(interpret)
-  blocks = _common.resolve_blocks(block_q, block_k, block_sizes, _default_blocks(impl, interpret))
+  blocks = _common.resolve_blocks(block_q, block_k, block_sizes, _common.default_blocks(
+      impl, interpret, blocked=BLOCKED_BLOCKS, interpreted=INTERPRET_BLOCKS, gpu=GPU_BLOCKS))
   if block_d is not None:
     blocks = dataclasses.replace(blocks, block_d=block_d)
   return _IMPLEMENTATIONS[impl](q_proj, k_proj, v_vec, values, kl, ql, causal=bool(causal),

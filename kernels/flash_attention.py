@@ -261,7 +261,7 @@ def _impl_blocked(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
   out, lse = _common.blocked_attention(
       functools.partial(_dot_score, scale), to_heads(q), to_heads(k), to_heads(v), None, kl, ql,
       causal=causal, block_q=blocks.block_q, block_k=blocks.block_k)
-  return to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
+  return _common.from_heads(out, lse, v.dtype)
 
 
 def _impl_xla(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
@@ -269,16 +269,10 @@ def _impl_xla(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
   out, lse = _common.naive_attention(
       functools.partial(_dot_score, scale), to_heads(q), to_heads(k), to_heads(v), None, kl, ql,
       causal=causal)
-  return to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
+  return _common.from_heads(out, lse, v.dtype)
 
 
 _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _impl_xla}
-
-
-def _default_blocks(implementation: str, interpret: bool) -> BlockSizes:
-  if implementation == "blocked":
-    return BLOCKED_BLOCKS
-  return INTERPRET_BLOCKS if interpret else GPU_BLOCKS
 
 
 def _check_inputs(q, k, v):
@@ -325,7 +319,8 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
   impl = _common.resolve_implementation(implementation)
   interpret = _common.resolve_interpret(interpret)
-  blocks = _common.resolve_blocks(block_q, block_k, block_sizes, _default_blocks(impl, interpret))
+  blocks = _common.resolve_blocks(block_q, block_k, block_sizes, _common.default_blocks(
+      impl, interpret, blocked=BLOCKED_BLOCKS, interpreted=INTERPRET_BLOCKS, gpu=GPU_BLOCKS))
   return _IMPLEMENTATIONS[impl](q, k, v, kl, ql, causal=bool(causal), scale=scale, blocks=blocks,
                                 interpret=interpret)
 

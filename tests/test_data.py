@@ -263,8 +263,9 @@ def _words_to_number(words: list[str], lang: str) -> int:
   prev = None
   for w in words:
     if w in ("et", "und"):
-      pass
-    elif w in ("vingt", "vingts") and prev == "quatre":
+      prev = w  # connectors ("soixante et onze", "sieben und neunzig") add nothing
+      continue
+    if w in ("vingt", "vingts") and prev == "quatre":
       cur += 80 - 4  # quatre-vingt = 4 x 20
     elif w in ("hundred", "cent", "cents", "hundert"):
       cur = (cur or 1) * 100  # hundreds open a group, so cur is the multiplier

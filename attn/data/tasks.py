@@ -284,7 +284,7 @@ class DatesTask(Task):
       try:
         out.add(datetime.date(y, int(m["M"]), int(m["d"])))
       except ValueError:
-        pass
+        continue  # the pattern matched but names no real day (e.g. 31.02): not a reading
     return out
 
   def render(self, date: datetime.date, p: DatePattern) -> tuple[str, list[tuple[str, int, int]]]:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 
 from attn.data.base import DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +68,9 @@ def register(tfds_name: str) -> None:
   if entry is not None:
     try:
       importlib.import_module(entry.module)
-    except ImportError:  # moved in another TFDS version; tfds may still know the name
-      pass
+    except ImportError:
+      log.debug("%s: no module %s (moved in this TFDS version?); tfds may still know the name",
+                tfds_name, entry.module)
 
 
 def open_split(tfds_name: str, split: str, data_dir: str | None):
