@@ -19,8 +19,8 @@ step that produced token t (zeros after EOS); scores [B] float32, the sum of the
 log-probabilities (EOS included). A hypothesis that never emits EOS stops at T tokens (length T).
 
 Neither function jits itself: call them inside your own `jax.jit` with the parameters passed as
-arguments, so step_fn closes over traced arrays rather than baking them in as constants
-(see JAX_NOTES). Nothing but B, T, K and the special ids needs to be static.
+arguments, so step_fn closes over traced arrays rather than baking them in as constants (arrays
+closed over by a jitted function become compile-time constants, and folding large ones is slow). Nothing but B, T, K and the special ids needs to be static.
 
     @functools.partial(jax.jit, static_argnames=("max_len", "beam_size"))
     def translate(params, src, src_len, *, max_len, beam_size):
@@ -51,7 +51,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+from attn.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
+
 NEG_INF = -jnp.inf  # only ever combined through jnp.where / max / top_k, never multiplied by 0
 
 StepFn = Callable[[Any, jax.Array], tuple[Any, jax.Array, jax.Array]]

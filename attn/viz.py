@@ -5,16 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 
+def pyplot():
+  """matplotlib.pyplot on the non-interactive Agg backend (runs headless; import on demand)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
 def heatmap(weights, src_labels, tgt_labels, path, *, title="", gold=None):
   """Saves a [Tt, Ts] attention matrix as a PNG with token labels.
 
   weights: [Tt, Ts]; src_labels / tgt_labels: at least Ts / Tt strings (extra are cut);
   gold: optional [Tt, Ts] gold alignment, drawn as red boxes.
   """
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+  plt = pyplot()
   w = np.asarray(weights, np.float32)
   Tt, Ts = w.shape
   fig, ax = plt.subplots(figsize=(max(3.0, 0.32 * Ts + 1.5), max(2.5, 0.32 * Tt + 1.2)))

@@ -632,7 +632,7 @@ def test_import_attn_stays_light_and_stats_cli_runs(tmp_path):
           "assert not heavy, heavy")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
   out = subprocess.run(
-      [sys.executable, "-m", "attn.data.stats", "--config=attn/data/config.py:smoke",
+      [sys.executable, "-m", "experiments.data_stats", "--config=attn/data/config.py:smoke",
        "--config.cache_dir=" + str(tmp_path / "cache"), "--workdir=" + str(tmp_path / "work"),
        "--batches=20"], check=True, cwd=REPO, capture_output=True, text=True).stdout
   assert "batches/s" in out and "padding" in out

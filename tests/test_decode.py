@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from attn import decode
+from attn.tokens import BOS, EOS, PAD
 
 V, TS = 5, 3                 # vocabulary (PAD, BOS, EOS, 3, 4), source length of the toy weights
-PAD, BOS, EOS = 0, 1, 2
 BASE = V + 1                 # code digits y + 1 in 1..V: distinct prefixes, distinct codes
 P = 4099                     # table rows (prime > the largest code at T = 5): no collisions
 

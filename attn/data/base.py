@@ -1,4 +1,4 @@
-"""Shared constants, the error type and the source registry of the data pipeline.
+"""The data pipeline's constants (re-exported from attn.tokens / attn.errors) and its source registry of the data pipeline.
 
 Nothing here imports tensorflow_datasets, grain or babel, so `from attn.data import base` is cheap.
 """
@@ -7,24 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-# Reserved ids, identical in every vocabulary (word, char and sentencepiece).
-PAD = 0
-BOS = 1
-EOS = 2
-UNK = 3
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+from attn.errors import DataError  # noqa: F401  (re-exported)
+from attn.tokens import BOS, EOS, PAD, SPECIAL_TOKENS, UNK  # noqa: F401  (re-exported)
 
 # Split roles. Config names the split of each role (`data.train_split` etc.); built-in tasks generate
 # the three roles directly.
 ROLES = ("train", "eval", "test")
-
-
-class DataError(Exception):
-  """Bad input data or data config: one line that says what and where, meant to end the run early.
-
-  Experiment scripts catch it around `attn.data.load`, print `str(err)` and exit non-zero before
-  training starts.
-  """
 
 
 # name -> source class; see pipeline.py for the interface (`prepare`).

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -34,12 +35,13 @@ import threading
 from typing import Iterator
 
 import numpy as np
-from absl import logging
 
 from attn.data import bucketing
 from attn.data.base import EOS, PAD, DataError, get_source
 from attn.data.config import DataConfig
 from attn.data.tokenize import Vocab, build_vocab, load_vocab, vocab_from_counts
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 1024  # records read per call when scanning a split
 
@@ -277,7 +279,7 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
       if v.spec != spec:
         raise DataError(f"{p} was built with tokenizer {v.spec}, but the config asks for {spec}; "
                         "use a fresh workdir or delete the vocabulary")
-    logging.info("data: reusing vocabularies %s", ", ".join(paths))
+    log.info("data: reusing vocabularies %s", ", ".join(paths))
   else:
     pairs = _scan(source.data_source("train"), source.read)
     kw = dict(min_freq=min_freq, max_size=max_size)
@@ -354,7 +356,7 @@ def _apply_policies(cfg: DataConfig, source, role: str, src_n, tgt_n, empty, cap
     counts["truncated"] = int(too_long.sum())
   counts["kept"] = int(keep.sum())
   name = source.splits()[role]
-  logging.info("data %s (%s): %d pairs, kept %d, dropped %d empty and %d too long, truncated %d",
+  log.debug("data %s (%s): %d pairs, kept %d, dropped %d empty and %d too long, truncated %d",
                role, desc, counts["read"], counts["kept"], counts["dropped_empty"],
                counts["dropped_long"], counts["truncated"])
   record = np.flatnonzero(keep).astype(np.int64)
@@ -408,5 +410,5 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
                       source.has_alignments, source,
                       _TrainPlan(splits["train"].bucket, train_bs, cfg.seed))
   for line in bundle.summary().splitlines():
-    logging.info("%s", line)
+    log.info("%s", line)
   return bundle

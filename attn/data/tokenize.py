@@ -166,7 +166,7 @@ class Vocab:
     return self.detokenize(self.decode_tokens(ids))
 
   def decode_tokens(self, ids: Iterable[int]) -> list[str]:
-    """Tokens of `ids` up to the first EOS, without PAD/BOS (for attention heatmap labels)."""
+    """Tokens of `ids` up to the first EOS, without PAD/BOS."""
     out = []
     for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
       if i == EOS:
@@ -175,6 +175,12 @@ class Vocab:
         continue
       out.append(self._itos[i] if 0 <= i < len(self._itos) else SPECIAL_TOKENS[UNK])
     return out
+
+  def labels(self, ids: Iterable[int]) -> list[str]:
+    """One printable label per id, specials included, so heatmap axes match attention rows and
+    columns one to one. Sentencepiece's word marker U+2581 (missing from common fonts) shows as _."""
+    return [(self._itos[i] if 0 <= i < len(self._itos) else SPECIAL_TOKENS[UNK]).replace("\u2581", "_")
+            for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist()]
 
   # -- persistence
   def to_json(self) -> dict:

@@ -16,8 +16,7 @@ from attn import registry
 from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
 from attn.models.config import ModelConfig
 from attn.models.encoder import Encoder
-
-BOS_ID = 1
+from attn.tokens import BOS
 
 
 class Seq2Seq(nnx.Module):
@@ -35,7 +34,7 @@ class Seq2Seq(nnx.Module):
     k_enc, k_dec = (None, None) if dropout_key is None else jax.random.split(dropout_key)
     memory = self.memory(batch["src"], batch["src_lengths"], k_enc)
     tgt = batch["tgt"]
-    tgt_in = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], axis=1)
+    tgt_in = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS), tgt[:, :-1]], axis=1)
     return self.decoder.teacher_force(memory, tgt_in, k_dec)
 
   def step_fn(self):

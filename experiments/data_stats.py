@@ -1,27 +1,28 @@
 r"""Data statistics: examples, lengths, buckets, padding fraction and pipeline throughput.
 
-    python -m attn.data.stats --data_dir=../shared/data/multi30k
-    python -m attn.data.stats --config=attn/data/config.py:dates --config.train_size=20000
-    python -m attn.data.stats --config=attn/data/config.py:aeslc --data_dir=../shared/data/aeslc
+    python -m experiments.data_stats --data_dir=../shared/data/multi30k
+    python -m experiments.data_stats --config=attn/data/config.py:dates --config.train_size=20000
+    python -m experiments.data_stats --config=attn/data/config.py:aeslc --data_dir=../shared/data/aeslc
 
 Prints one table; the figures in docs/data.md come from the first command.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from attn.data import base
 from attn.data import pipeline
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "config.py"), "data config file[:preset]",
+    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "attn", "data", "config.py"), "data config file[:preset]",
     lock_config=True)
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "overrides data.dir")
 _WORKDIR = flags.DEFINE_string("workdir", None, "vocabularies and caches (default: a temp dir)")
@@ -82,7 +83,7 @@ def report(workdir: str) -> None:
     bundle = pipeline.load(cfg, workdir)
     warm = time.perf_counter() - t0
   except base.DataError as e:
-    raise app.UsageError(str(e)) from None
+    raise app.UsageError(str(e)) from None  # absl prints the usage line and exits 1
   print(bundle.summary())
   print("\n".join(lengths_table(bundle)))
   print("\n".join(bucket_table(bundle)))
@@ -93,5 +94,6 @@ def report(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  logging.set_verbosity(logging.WARNING)
+  # The pipeline's INFO lines would repeat the summary printed here.
+  logging.getLogger("attn.data").setLevel(logging.WARNING)
   app.run(main)
