@@ -16,6 +16,7 @@ from attn import normalizers as _normalizers  # noqa: F401  (registers the norma
 from attn import scopes as _scopes  # noqa: F401  (registers the scopes)
 from attn import scores as _scores  # noqa: F401  (registers the scores)
 from attn.precision import accum_dtype
+from attn import registry
 from attn.registry import get
 
 
@@ -83,28 +84,33 @@ def _check_qkv(q, k, v):
     raise ValueError(f"q and k need at least [T, d], got q {q.shape}, k {k.shape}")
 
 
-def _fused_attend(params, q, k, v, *, score, temperature, causal, key_lengths, keys_prepared):
-  """attend() through the fused kernels: no [Tq, Tk] (or [Tq, Tk, d_attn]) tensor is formed."""
-  import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
-  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-  flat = lambda x: jnp.broadcast_to(x, lead + x.shape[-2:]).reshape((-1,) + x.shape[-2:])[:, :, None]
+def fused_unsupported(score, normalizer="softmax", scope="global", mask=None) -> str | None:
+  """Why attend(fused=True) cannot run this variant (None when it can): the kernels fuse
+  score -> softmax -> weighted sum over all keys, with padding given as lengths."""
+  fused_scores = registry.with_fused("score")
+  if get(score, "score").fused is None or normalizer != "softmax" or scope != "global" or (
+      mask is not None):
+    return (f"fused attention supports scores {', '.join(fused_scores)} with normalizer='softmax', "
+            f"scope='global' and padding as key_lengths (no mask); got score={score!r}, "
+            f"normalizer={normalizer!r}, scope={scope!r}"
+            + (", a mask" if mask is not None else ""))
+  return None
+
+
+def fused_heads(score, params, q, kp, v, *, temperature=1.0, causal=False, key_lengths=None):
+  """Score `score`'s fused kernel over all heads in one call (no [Tq, Tk] tensor is formed).
+
+  q: [..., H, Tq, dq], kp: [..., H, Tk, dk'] (prepared keys), v: [..., H, Tk, dv]; params
+  stacked on a leading H axis (or None); key_lengths: [...] valid keys, shared by the heads.
+  Returns context [..., H, Tq, dv]; a query with no valid key gets a zero context.
+  """
+  lead = jnp.broadcast_shapes(q.shape[:-3], kp.shape[:-3], v.shape[:-3])
+  flat = lambda x: jnp.broadcast_to(x, lead + x.shape[-3:]).reshape((-1,) + x.shape[-3:])
   if key_lengths is not None:
     key_lengths = jnp.broadcast_to(key_lengths, lead).reshape(-1).astype(jnp.int32)
-  kp = k if keys_prepared else prepare_keys(score, params, k)
-  if score == "additive":
-    qp = jnp.einsum("...qd,da->...qa", q, params["W"].astype(q.dtype)) + params["b"].astype(q.dtype)
-    ctx = kernels.additive_attention(flat(qp), flat(kp.astype(q.dtype)),
-                                     (params["v"] / temperature)[None].astype(q.dtype), flat(v),
-                                     key_lengths=key_lengths, causal=causal)
-  else:
-    # Temperature may be traced; the kernel's scale is static, so fold both into q.
-    scale = (1.0 if score == "dot" else q.shape[-1] ** -0.5) / temperature
-    ctx = kernels.attention(flat((q * scale).astype(q.dtype)), flat(kp), flat(v),
-                            key_lengths=key_lengths, causal=causal, scale=1.0)
-  return ctx[:, :, 0].reshape(lead + ctx.shape[1:2] + ctx.shape[-1:]), None
-
-
-FUSED_SCORES = ("dot", "scaled_dot", "additive")
+  ctx = get(score, "score").fused(params, flat(q), flat(kp), flat(v), temperature=temperature,
+                                  causal=causal, key_lengths=key_lengths)  # [N, H, Tq, dv]
+  return ctx.reshape(lead + ctx.shape[1:])
 
 
 @functools.partial(jax.jit, static_argnames=("score", "normalizer", "scope", "causal",
@@ -124,19 +130,21 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   Linear attention returns weights=None (it never forms them).
   keys_prepared: k is already `prepare_keys(score, params, k)` (decoders do this once per source).
   key_lengths: [...] valid keys per sequence (a padding mask; combined with `mask`).
-  fused: run the fused kernel (kernels.attention for dot/scaled_dot, kernels.additive_attention
-    for additive): O(T) memory, weights=None. Needs softmax, the global scope and padding given
+  fused: run the score's fused kernel (registry entry `fused`: kernels.attention for
+    dot/scaled_dot, kernels.additive_attention for additive): O(T) memory, weights=None. Needs softmax, the global scope and padding given
     as key_lengths (mask=None); the same zero context for rows with no valid key.
   """
   _check_qkv(q, k, v)
   if fused:
-    if score not in FUSED_SCORES or normalizer != "softmax" or scope != "global" or mask is not None:
-      raise ValueError(
-          f"fused=True supports scores {FUSED_SCORES} with normalizer='softmax', scope='global' and "
-          f"padding as key_lengths (no mask); got score={score!r}, normalizer={normalizer!r}, "
-          f"scope={scope!r}, mask={'given' if mask is not None else None}")
-    return _fused_attend(params, q, k, v, score=score, temperature=temperature, causal=causal,
-                         key_lengths=key_lengths, keys_prepared=keys_prepared)
+    why = fused_unsupported(score, normalizer, scope, mask)
+    if why:
+      raise ValueError(why)
+    kp = k if keys_prepared else prepare_keys(score, params, k)
+    one_head = lambda x: x[..., None, :, :]  # [..., 1, T, d]
+    params = jax.tree.map(lambda p: p[None], params)  # a leading H = 1 axis
+    ctx = fused_heads(score, params, one_head(q), one_head(kp), one_head(v),
+                      temperature=temperature, causal=causal, key_lengths=key_lengths)
+    return ctx[..., 0, :, :], None
   if key_lengths is not None:
     mask = masks_lib.combine(mask, masks_lib.lengths_to_mask(key_lengths, k.shape[-2])[..., None, :])
   scope_variant = get(scope, "scope")

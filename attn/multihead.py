@@ -58,7 +58,7 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   x_q: [..., Tq, d_model]; x_kv: [..., Tk, d_kv], or None for self-attention (x_kv = x_q).
   mask: bool broadcastable to [..., Tq, Tk] (shared by all heads); causal: top-left aligned.
   key_lengths: [...] valid keys per sequence (padding; combined with mask).
-  fused: every head through the fused kernels (attend(fused=True)): O(T) memory for long
+  fused: all heads through the score's fused kernel in one call: O(T) memory for long
     sequences, weights=None; needs padding as key_lengths rather than a mask.
   Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] float32 per head;
   None for linear attention and fused=True).
@@ -74,18 +74,29 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   q, k, v = proj(x_q, params["wq"]), proj(x_kv, params["wk"]), proj(x_kv, params["wv"])  # [..., H, T, dh]
   score_params, scope_params = params.get("score"), params.get("scope")
 
-  def one_head(sp, cp, q, k, v, mask):
-    return core.attend(sp, q, k, v, score=score, normalizer=normalizer, mask=mask,
-                       temperature=temperature, causal=causal, scope=scope, scope_params=cp,
-                       half_width=half_width, top_k=top_k, key_lengths=key_lengths, fused=fused)
+  head_axis = lambda p: None if p is None else 0  # per-head parameters: a leading H axis
+  if fused:
+    # All heads in one kernel call (the kernels' own head axis), not a vmap of H = 1 calls.
+    why = core.fused_unsupported(score, normalizer, scope, mask)
+    if why:
+      raise ValueError(why)
+    kp = jax.vmap(functools.partial(core.prepare_keys, score), in_axes=(head_axis(score_params), -3),
+                  out_axes=-3)(score_params, k)
+    ctx = core.fused_heads(score, score_params, q, kp, v, temperature=temperature, causal=causal,
+                           key_lengths=key_lengths)  # [..., H, Tq, dh]
+    w = None
+  else:
+    def one_head(sp, cp, q, k, v, mask):
+      return core.attend(sp, q, k, v, score=score, normalizer=normalizer, mask=mask,
+                         temperature=temperature, causal=causal, scope=scope, scope_params=cp,
+                         half_width=half_width, top_k=top_k, key_lengths=key_lengths)
 
-  # Heads are vmapped (axis -3) so per-head score/scope parameters stay a leading H axis.
-  ctx, w = jax.vmap(
-      one_head,
-      in_axes=(None if score_params is None else 0, None if scope_params is None else 0,
-               -3, -3, -3, None),  # the mask is shared by every head
-      out_axes=-3,
-  )(score_params, scope_params, q, k, v, mask)  # ctx [..., H, Tq, dh], w [..., H, Tq, Tk]
+    # Heads are vmapped (axis -3) so per-head score/scope parameters stay a leading H axis.
+    ctx, w = jax.vmap(
+        one_head,
+        in_axes=(head_axis(score_params), head_axis(scope_params), -3, -3, -3, None),
+        out_axes=-3,  # the mask is shared by every head
+    )(score_params, scope_params, q, k, v, mask)  # ctx [..., H, Tq, dh], w [..., H, Tq, Tk]
   out = jnp.einsum("...hte,hed->...td", ctx, params["wo"].astype(ctx.dtype),
                    preferred_element_type=_F32)
   return out.astype(x_q.dtype), w

@@ -1,7 +1,9 @@
-"""One registry of named attention variants: scores, normalizers and scopes.
+"""One registry of named variants: attention scores, normalizers and scopes, model decoders and cells.
 
 Flags, sweeps and tests look names up here; nothing else in the project branches on a
-variant's name. A name registers once (duplicates are refused) and an unknown name fails
+variant's name: behaviour that depends on the variant (its key-side `prepare`, its fused kernel,
+its cost model) is carried by its entry, and lists such as "the fused scores" are derived from
+the entries (`with_fused`). A name registers once (duplicates are refused) and an unknown name fails
 with the list of known ones of that kind.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-KINDS = ("score", "normalizer", "scope", "decoder", "cell")
+KINDS = ("score", "normalizer", "scope", "decoder", "cell", "task")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +29,12 @@ class Variant:
     `fn(params, q, k')` is the score. None when there is nothing to precompute.
   full_attention: True for scopes that replace the whole score→normalize→sum pipeline (linear
     attention); then `fn` computes the context itself. False for scopes that mask or reweight.
+  fused: for scores, the fused-kernel form of score → softmax → weighted sum,
+    `fused(params, q, kp, v, *, temperature, causal, key_lengths) -> context`, head-major:
+    q: [N, H, Tq, dq], kp (prepared keys): [N, H, Tk, dk'], v: [N, H, Tk, dv], params stacked on
+    a leading H axis, key_lengths: [N] int32 or None; context [N, H, Tq, dv]. None: no kernel.
+  cost: for scores, `cost(dq, dk, d_attn) -> ScoreCost` (matmul FLOPs per key, per query and per
+    query-key pair), used by benchmarks' analytic FLOP counts.
   """
   kind: str
   name: str
@@ -36,12 +44,15 @@ class Variant:
   full_attention: bool = False
   alias_of: str | None = None
   prepare: Callable[..., Any] | None = None
+  fused: Callable[..., Any] | None = None
+  cost: Callable[..., Any] | None = None
 
 
 VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
 
 
-def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None):
+def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
+             fused=None, cost=None):
   """Decorator registering `fn` under `kind`/`name` (and aliases)."""
   if kind not in KINDS:
     raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
@@ -53,7 +64,8 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
         raise ValueError(f"{kind} {n!r} is already registered")
     for n in (name, *aliases):
       VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, full_attention,
-                                  alias_of=None if n == name else name, prepare=prepare)
+                                  alias_of=None if n == name else name, prepare=prepare,
+                                  fused=fused, cost=cost)
     return fn
 
   return decorator
@@ -83,3 +95,8 @@ def names(kind: str) -> list[str]:
 def canonical_names(kind: str) -> list[str]:
   """Registered names of one kind without aliases, sorted."""
   return [n for n in names(kind) if VARIANTS[kind][n].alias_of is None]
+
+
+def with_fused(kind: str = "score") -> list[str]:
+  """Canonical names of the variants of `kind` that carry a fused-kernel implementation."""
+  return [n for n in canonical_names(kind) if VARIANTS[kind][n].fused is not None]

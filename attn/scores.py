@@ -10,6 +10,8 @@ scores take params=None. Initializers have the signature
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -18,6 +20,38 @@ from attn.registry import register
 
 _F32 = jnp.float32
 _lecun = jax.nn.initializers.lecun_normal()
+
+
+class ScoreCost(NamedTuple):
+  """Matmul FLOPs of a score (a multiply-add counts 2): once per key (its `prepare`), once per
+  query (query-side projections) and once per query-key pair (the score itself)."""
+  per_key: int
+  per_query: int
+  per_pair: int
+
+
+def _heads_last(x):  # [N, H, T, d] <-> [N, T, H, d], the kernels' layout
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _dot_product_fused(scale_of):
+  """Fused form of a dot-product score: kernels.attention with the score's scale folded into q."""
+
+  def fused(params, q, kp, v, *, temperature, causal, key_lengths):
+    del params
+    import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
+    # temperature may be traced while the kernel's scale is static: fold both into q.
+    scale = scale_of(q.shape[-1]) / temperature
+    ctx = kernels.attention(_heads_last((q * scale).astype(q.dtype)), _heads_last(kp),
+                            _heads_last(v), key_lengths=key_lengths, causal=causal, scale=1.0)
+    return _heads_last(ctx)
+
+  return fused
+
+
+def _dot_cost(dq, dk, d_attn=None):
+  del dk, d_attn
+  return ScoreCost(per_key=0, per_query=0, per_pair=2 * dq)
 
 
 def _check_same_dim(name, q, k):
@@ -33,7 +67,7 @@ def _require(name, what, value):
   return value
 
 
-@register("score", "dot")
+@register("score", "dot", fused=_dot_product_fused(lambda d: 1.0), cost=_dot_cost)
 def dot(params, q, k):
   """Luong dot: e_ij = q_i . k_j."""
   del params
@@ -41,7 +75,7 @@ def dot(params, q, k):
   return jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=accum_dtype(q, k))
 
 
-@register("score", "scaled_dot")
+@register("score", "scaled_dot", fused=_dot_product_fused(lambda d: d ** -0.5), cost=_dot_cost)
 def scaled_dot(params, q, k):
   """Transformer scaled dot: e_ij = q_i . k_j / sqrt(d)."""
   del params
@@ -61,7 +95,13 @@ def general_keys(params, k):
                     preferred_element_type=accum_dtype(k))
 
 
-@register("score", "general", init=init_general, aliases=("bilinear",), prepare=general_keys)
+def _general_cost(dq, dk, d_attn=None):
+  del d_attn
+  return ScoreCost(per_key=2 * dk * dq, per_query=0, per_pair=2 * dq)
+
+
+@register("score", "general", init=init_general, aliases=("bilinear",), prepare=general_keys,
+          cost=_general_cost)
 def general(params, q, kp):
   """Luong general (bilinear): e_ij = q_i W k_j^T, W: [dq, dk]; kp = k W^T from general_keys."""
   acc = accum_dtype(q, kp)
@@ -82,7 +122,24 @@ def additive_keys(params, k):
                     preferred_element_type=accum_dtype(k))
 
 
-@register("score", "additive", init=init_additive, aliases=("concat",), prepare=additive_keys)
+def additive_fused(params, q, kp, v, *, temperature, causal, key_lengths):
+  """kernels.additive_attention: the [Tq, Tk, d_attn] tanh tensor is never formed."""
+  import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
+  W, b = params["W"].astype(q.dtype), params["b"].astype(q.dtype)  # [H, dq, da], [H, da]
+  qp = jnp.einsum("nhqd,hda->nhqa", q, W) + b[:, None, :]  # [N, H, Tq, da]
+  ctx = kernels.additive_attention(
+      _heads_last(qp), _heads_last(kp.astype(q.dtype)), (params["v"] / temperature).astype(q.dtype),
+      _heads_last(v), key_lengths=key_lengths, causal=causal)
+  return _heads_last(ctx)
+
+
+def _additive_cost(dq, dk, d_attn=None):
+  # per pair: the add and tanh of W q + U k, then v^T (one multiply-add per d_attn each)
+  return ScoreCost(per_key=2 * dk * d_attn, per_query=2 * dq * d_attn, per_pair=4 * d_attn)
+
+
+@register("score", "additive", init=init_additive, aliases=("concat",), prepare=additive_keys,
+          fused=additive_fused, cost=_additive_cost)
 def additive(params, q, kp):
   """Bahdanau additive (Luong concat): e_ij = v^T tanh(W q_i + U k_j + b); kp = U k from additive_keys.
 
@@ -100,7 +157,12 @@ def init_location(key, dq, dk, *, d_attn=None, max_len=None):
   return {"W": _lecun(key, (dq, max_len), _F32)}
 
 
-@register("score", "location", init=init_location)
+def _location_cost(dq, dk, d_attn=None):
+  del dk, d_attn  # the used columns of W_a: one dq-vector product per source position
+  return ScoreCost(per_key=0, per_query=0, per_pair=2 * dq)
+
+
+@register("score", "location", init=init_location, cost=_location_cost)
 def location(params, q, k):
   """Luong location: e_t = W_a h_t over source positions, from the query alone. W: [dq, max_len]."""
   Tk, max_len = k.shape[-2], params["W"].shape[-1]

@@ -235,5 +235,5 @@ def test_fused_attend_equals_unfused_in_value_and_gradient(score, causal):
 def test_fused_attend_refuses_what_the_kernels_cannot_do(kwargs):
   q, k, v = _qkv(lead=(2,), Tq=5, Tk=7)
   params = attn.init_score(kwargs.get("score", "dot"), jax.random.PRNGKey(1), 6, 6)
-  with pytest.raises(ValueError, match="fused=True supports"):
+  with pytest.raises(ValueError, match="fused attention supports"):
     attn.attend(params, q, k, v, fused=True, **kwargs)

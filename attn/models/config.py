@@ -1,64 +1,78 @@
-"""The one boundary from ml_collections config to model code: a frozen, validated dataclass."""
+"""The one boundary from ml_collections config to model code: a frozen, validated dataclass.
+
+Every model setting and its default lives here; `experiments/configs/*.py` build their `model`
+section from this class (`attn.configurable.config_dict`) and presets only override it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
-from attn import registry
+from attn import configurable, registry
+from attn.configurable import option
+from attn.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Seq2seq model hyper-parameters.
-
-  decoder: registered decoder name ("none", "bahdanau", "luong").
-  cell: registered recurrent cell ("gru", "lstm").
-  score / normalizer / scope: registered attention variants used by the decoder.
-  half_width: D of local-m / local-p windows. input_feeding: Luong's h~_{t-1} fed to the RNN.
-  fused: Luong without input feeding runs all target steps through one fused kernel call
-    (attn.attend(fused=True): dot / scaled_dot / additive scores, softmax, global scope).
-  """
-  src_vocab: int
-  tgt_vocab: int
-  emb_dim: int = 128
-  enc_hidden: int = 256
-  dec_hidden: int = 256
-  enc_layers: int = 1
-  dec_layers: int = 1
-  bidirectional: bool = True
-  cell: str = "gru"
-  dropout: float = 0.2
-  decoder: str = "bahdanau"
-  score: str = "additive"
-  normalizer: str = "softmax"
-  temperature: float = 1.0
-  scope: str = "global"
-  half_width: int = 5
-  d_attn: int = 256
-  input_feeding: bool = True
-  fused: bool = False
-  max_src_len: int = 128  # the longest source the `location` score can address
+  """Seq2seq model hyper-parameters (src_vocab / tgt_vocab come from the data, not the config)."""
+  src_vocab: int = option(0, "source vocabulary size (from the data)", derived=True)
+  tgt_vocab: int = option(0, "target vocabulary size (from the data)", derived=True)
+  emb_dim: int = option(128, "embedding size")
+  enc_hidden: int = option(256, "encoder hidden size per direction")
+  dec_hidden: int = option(256, "decoder hidden size")
+  enc_layers: int = option(1, "encoder layers")
+  dec_layers: int = option(1, "decoder layers")
+  bidirectional: bool = option(True, "bidirectional encoder")
+  cell: str = option("gru", "gru | lstm")
+  dropout: float = option(0.2, "dropout rate")
+  decoder: str = option("bahdanau", "none | bahdanau | luong (registered decoders)")
+  score: str = option("additive", "dot | scaled_dot | general | additive | location (attn registry)")
+  normalizer: str = option("softmax", "softmax | sparsemax | entmax15")
+  temperature: float = option(1.0, "divides the scores before the normalizer")
+  scope: str = option("global", "global | local_m | local_p | window | topk")
+  half_width: int = option(5, "D of local windows")
+  d_attn: int = option(256, "additive / local-p attention size")
+  input_feeding: bool = option(True, "Luong: feed h~_{t-1} into the RNN")
+  fused: bool = option(False, "run attention through the fused kernels (decoders and variants "
+                       "that support it: Luong without input feeding, dot/scaled_dot/additive)")
+  max_src_len: int = option(128, "the longest source the `location` score can address")
+  match_params_of: str = option(
+      "", "a decoder name: choose dec_hidden so this model has that decoder's parameter count "
+      "(the fair no-attention baseline); '' = off")
 
   def __post_init__(self):
-    for kind, name in (("decoder", self.decoder), ("cell", self.cell), ("score", self.score),
-                       ("normalizer", self.normalizer), ("scope", self.scope)):
-      registry.get(name, kind)  # unknown names fail here with the list of known ones
-    if self.fused and (self.decoder != "luong" or self.input_feeding
-                       or self.score not in ("dot", "scaled_dot", "additive")
-                       or self.normalizer != "softmax" or self.scope != "global"):
-      raise ValueError(
-          "model.fused=True runs the fused kernels: it needs decoder='luong', input_feeding=False, "
-          "score in dot/scaled_dot/additive, normalizer='softmax', scope='global'; got "
-          f"decoder={self.decoder!r}, input_feeding={self.input_feeding}, score={self.score!r}, "
-          f"normalizer={self.normalizer!r}, scope={self.scope!r}")
+    for field, kind in (("decoder", "decoder"), ("cell", "cell"), ("score", "score"),
+                        ("normalizer", "normalizer"), ("scope", "scope"),
+                        ("match_params_of", "decoder")):
+      name = getattr(self, field)
+      if field == "match_params_of" and not name:
+        continue
+      try:
+        registry.get(name, kind)
+      except KeyError as e:
+        raise ConfigError(f"model.{field}: {e.args[0]}") from None
+    if self.fused:
+      from attn import core  # pylint: disable=import-outside-toplevel
+      why = (registry.get(self.decoder, "decoder").fn.fused_unsupported(self)
+             or core.fused_unsupported(self.score, self.normalizer, self.scope))
+      if why:
+        raise ConfigError(f"model.fused=True: {why}")
+    if min(self.src_vocab, self.tgt_vocab) < 1:
+      raise ConfigError(f"model vocabularies must be non-empty (set from the data), got "
+                        f"src_vocab={self.src_vocab}, tgt_vocab={self.tgt_vocab}")
     if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+      raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
     if min(self.emb_dim, self.enc_hidden, self.dec_hidden, self.enc_layers, self.dec_layers) < 1:
-      raise ValueError("model sizes and layer counts must be positive")
+      raise ConfigError("model sizes and layer counts must be positive")
 
   @property
   def enc_out_dim(self) -> int:
     return self.enc_hidden * (2 if self.bidirectional else 1)
+
+  @property
+  def has_attention(self) -> bool:
+    return registry.get(self.decoder, "decoder").fn.has_attention
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)
@@ -66,10 +80,5 @@ class ModelConfig:
   @classmethod
   def from_config(cls, cfg, *, src_vocab, tgt_vocab) -> "ModelConfig":
     """From an ml_collections ConfigDict (the `model` section); unknown fields are errors."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"src_vocab", "tgt_vocab"}
-    given = dict(cfg)
-    extra = set(given) - fields - {"match_params_of"}
-    if extra:
-      raise ValueError(f"unknown model config fields {sorted(extra)}; known: {sorted(fields)}")
-    given.pop("match_params_of", None)
-    return cls(src_vocab=src_vocab, tgt_vocab=tgt_vocab, **given)
+    return configurable.from_config(cls, cfg, section="model", src_vocab=src_vocab,
+                                    tgt_vocab=tgt_vocab)

@@ -39,7 +39,29 @@ def _as_params(tree):
 
 
 class RecurrentDecoder(nnx.Module):
-  """Shared parts: embeddings, a stack of cells, the initial-state bridge, the output layer."""
+  """Shared parts: embeddings, a stack of cells, the initial-state bridge, the output layer.
+
+  Class-level facts read without building the model (no caller tests a decoder's name):
+  `has_attention`, `fused_unsupported(cfg)`, `cell_input_dim(cfg)`, `readout_flops(cfg)` and,
+  for attention decoders, `attention_dims(cfg)`.
+  """
+  has_attention = False
+
+  @classmethod
+  def fused_unsupported(cls, cfg) -> str | None:
+    """Why this decoder cannot run its attention through one fused kernel call (None if it can)."""
+    return (f"decoder {cfg.decoder!r} attends one step at a time inside its recurrence; "
+            "fused attention needs all steps' queries at once (decoder='luong', input_feeding=False)")
+
+  @classmethod
+  def cell_input_dim(cls, cfg) -> int:
+    """Size of the first cell's input at each step."""
+    return cfg.emb_dim + cfg.enc_out_dim  # y_{t-1} and the context (or fixed vector)
+
+  @classmethod
+  def readout_flops(cls, cfg) -> int:
+    """Matmul FLOPs per target step between the top cell and the output layer."""
+    return 2 * (cfg.dec_hidden + cfg.enc_out_dim + cfg.emb_dim) * cfg.dec_hidden  # deep output
 
   def __init__(self, cfg, d_in0, d_readout, *, rngs):
     self.cfg = cfg
@@ -107,7 +129,7 @@ class NoAttentionDecoder(RecurrentDecoder):
 
   def __init__(self, cfg, *, rngs):
     De = cfg.enc_out_dim
-    super().__init__(cfg, cfg.emb_dim + De, cfg.dec_hidden, rngs=rngs)
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs)
     self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
 
   def memory(self, enc):
@@ -124,6 +146,12 @@ class NoAttentionDecoder(RecurrentDecoder):
 
 class AttentionMixin:
   """Score/scope parameters and one attention call over the prepared memory."""
+  has_attention = True
+
+  @classmethod
+  def attention_dims(cls, cfg) -> tuple[int, int, int]:
+    """(query size, key size the score sees, FLOPs per source token projecting keys to it)."""
+    return cfg.dec_hidden, cfg.enc_out_dim, 0
 
   def init_attention(self, d_query, rngs):
     cfg = self.cfg
@@ -151,7 +179,7 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
 
   def __init__(self, cfg, *, rngs):
     De = cfg.enc_out_dim
-    super().__init__(cfg, cfg.emb_dim + De, cfg.dec_hidden, rngs=rngs)
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs)
     self.d_keys = De
     self.init_attention(cfg.dec_hidden, rngs)
     self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
@@ -178,11 +206,35 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
   """Luong et al. (2015): h_t = RNN(h_{t-1}, [y_{t-1}; h~_{t-1}]) (input feeding optional),
   c_t = attend(h_t, source), h~_t = tanh(W_c [c_t; h_t]) (eq. 5), p(y_t) = softmax(W_s h~_t)."""
 
+  @classmethod
+  def fused_unsupported(cls, cfg) -> str | None:
+    if cfg.input_feeding:
+      return ("decoder 'luong' with input_feeding=True feeds each step's attention into the next; "
+              "set model.input_feeding=False to attend for all steps in one fused call")
+    return None
+
+  @classmethod
+  def cell_input_dim(cls, cfg) -> int:
+    return cfg.emb_dim + (cfg.dec_hidden if cfg.input_feeding else 0)
+
+  @classmethod
+  def readout_flops(cls, cfg) -> int:
+    return 2 * (cfg.enc_out_dim + cfg.dec_hidden) * cfg.dec_hidden  # W_c
+
+  @staticmethod
+  def _projects_keys(cfg) -> bool:
+    # Parameter-free scores compare h_t with the keys directly: project the source to D first.
+    return attn.get(cfg.score, "score").init is None
+
+  @classmethod
+  def attention_dims(cls, cfg) -> tuple[int, int, int]:
+    De, D = cfg.enc_out_dim, cfg.dec_hidden
+    return (D, D, 2 * De * D) if cls._projects_keys(cfg) else (D, De, 0)
+
   def __init__(self, cfg, *, rngs):
     De, D = cfg.enc_out_dim, cfg.dec_hidden
-    super().__init__(cfg, cfg.emb_dim + (D if cfg.input_feeding else 0), D, rngs=rngs)
-    # Parameter-free scores compare h_t with the keys directly: project the source to D first.
-    needs_proj = attn.get(cfg.score, "score").init is None
+    super().__init__(cfg, self.cell_input_dim(cfg), D, rngs=rngs)
+    needs_proj = self._projects_keys(cfg)
     self.key_proj = nnx.Linear(De, D, use_bias=False, rngs=rngs) if needs_proj else None
     self.d_keys = D if needs_proj else De
     self.init_attention(D, rngs)

@@ -17,6 +17,7 @@ from attn import registry
 @registry.register("cell", "gru")
 class GRU:
   """GRU (Cho et al. 2014); the carry is h."""
+  gates = 3  # weight blocks of the input and recurrent matmuls (cost models)
   make = staticmethod(lambda d_in, d_hidden, rngs: nnx.GRUCell(d_in, d_hidden, rngs=rngs))
   carry_from_h = staticmethod(lambda h: h)
   h_of = staticmethod(lambda carry: carry)
@@ -25,6 +26,7 @@ class GRU:
 @registry.register("cell", "lstm")
 class LSTM:
   """LSTM (Hochreiter & Schmidhuber 1997); the carry is (c, h), started from c = 0."""
+  gates = 4
   make = staticmethod(lambda d_in, d_hidden, rngs: nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs))
   carry_from_h = staticmethod(lambda h: (jnp.zeros_like(h), h))
   h_of = staticmethod(lambda carry: carry[1])
