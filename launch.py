@@ -23,6 +23,9 @@ import time
 
 from absl import app, flags
 
+from attn import viz
+from attn.training.results import results_table
+
 FLAGS = flags.FLAGS
 
 
@@ -65,20 +68,8 @@ def command(experiment, config, workdir, overrides):
   return cmd
 
 
-def results_table(rows, metrics):
-  def fmt(v):
-    return f"{v:,}" if isinstance(v, int) else f"{v:.3f}" if isinstance(v, float) else str(v)
-  lines = ["| run | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
-  for name, res in rows:
-    lines.append(f"| {name} | " + " | ".join(fmt(res.get(m, "")) if res else "failed"
-                                             for m in metrics) + " |")
-  return "\n".join(lines)
-
-
 def plot(rows, metric, path):
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  plt = viz.pyplot()
   done = [(n, r[metric]) for n, r in rows if r and isinstance(r.get(metric), (int, float))]
   if not done:
     return False

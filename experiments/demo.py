@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 import attn
+from attn import viz
 
 FLAGS = flags.FLAGS
 
@@ -110,9 +111,7 @@ def run_demo(workdir, *, scores, normalizers, steps, num_keys, dim, noise, seed)
 
 
 def _plot(heat, scores, normalizers, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = viz.pyplot()
   fig, axes = plt.subplots(len(scores), len(normalizers), squeeze=False,
                            figsize=(2.6 * len(normalizers), 1.6 * len(scores)))
   for i, s in enumerate(scores):

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from attn import decode, train
+from attn import decode, training
 from attn.models import build_model
 from experiments.configs import translate as translate_config
 
@@ -29,7 +29,7 @@ def _tiny_config(**train_kw):
 
 
 def test_a_tiny_attention_model_learns_to_copy_exactly(tmp_path):
-  results = train.train_and_evaluate(_tiny_config(), str(tmp_path))
+  results = training.train_and_evaluate(_tiny_config(), str(tmp_path))
   assert results["exact_match"] == 1.0, results
   assert results["bleu"] == pytest.approx(100.0)
   # copying needs the diagonal: the argmax of attention should mostly land on it
@@ -42,11 +42,11 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
   cfg.model.dropout = 0.3  # dropout keys must also follow the step, not the process
 
   def run_steps(workdir, stop_after=None, resume=False):
-    run = train.setup(cfg, workdir)
-    ckpt = train.Checkpoints(workdir)
+    run = training.setup(cfg, workdir)
+    ckpt = training.Checkpoints(workdir)
     if resume:
       assert ckpt.restore(ckpt.latest, run)
-    train.train(run, ckpt, train.MetricsWriter(workdir), stop_after=stop_after)
+    training.train(run, ckpt, training.MetricsWriter(workdir), stop_after=stop_after)
     ckpt.wait()
     return run
 
@@ -120,7 +120,7 @@ def test_mismatched_parallel_files_fail_before_training_with_one_line(tmp_path):
 
 def test_max_wall_s_stops_training_then_evaluates_and_saves(tmp_path):
   cfg = _tiny_config(steps=50, max_wall_s=1e-3, eval_every=100)
-  results = train.train_and_evaluate(cfg, str(tmp_path))
+  results = training.train_and_evaluate(cfg, str(tmp_path))
   assert results["step"] == 1  # the first step already used the budget
   metrics = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [m["split"] for m in metrics if m["step"] == 1].count("eval") == 1

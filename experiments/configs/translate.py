@@ -5,12 +5,18 @@ r"""Config for experiments/translate.py: seq2seq with and without attention.
 
 Presets (the text after the colon): multi30k (default; ../shared/data/multi30k, de->en),
 reverse (built-in, lengths 10-100), dates, numbers, copy, smoke (tiny, for tests), demo (make run).
-Every field can be overridden on the command line; typos fail with a suggestion.
+Every field can be overridden on the command line (`--config.train.steps=100`); typos fail with a
+suggestion. Defaults live in the dataclasses (attn.data.DataConfig, attn.models.ModelConfig,
+attn.training.TrainConfig); a preset only overrides them.
 """
 
 import ml_collections
 
+from attn import configurable
 from attn.data import config as data_config
+from attn.errors import ConfigError
+from attn.models.config import ModelConfig
+from attn.training.config import TrainConfig
 
 _PRESETS = {
     # Word level, lowercased (as the reference figures); sized to train in under an hour on 2 cores.
@@ -52,60 +58,15 @@ _PRESETS = {
 
 
 def get_config(preset: str = "multi30k"):
+  """The translate config: every field of DataConfig, ModelConfig and TrainConfig at its
+  dataclass default (field help: those classes), then the preset's overrides."""
   preset = preset or "multi30k"
   if preset not in _PRESETS:
-    raise ValueError(f"unknown translate preset {preset!r}; known: {', '.join(sorted(_PRESETS))}")
+    raise ConfigError(f"unknown translate preset {preset!r}; known: {', '.join(sorted(_PRESETS))}")
   p = _PRESETS[preset]
   c = ml_collections.ConfigDict()
   c.data = data_config.get_config(p["data"])
-  for k, v in p.get("data_overrides", {}).items():
-    setattr(c.data, k, v)
-
-  c.model = ml_collections.ConfigDict()
-  m = c.model
-  m.decoder = "bahdanau"  # none | bahdanau | luong
-  m.score = "additive"  # dot | scaled_dot | general | additive | location (attn registry)
-  m.normalizer = "softmax"  # softmax | sparsemax | entmax15
-  m.temperature = 1.0  # divides the scores before the normalizer
-  m.scope = "global"  # global | local_m | local_p | window | topk (Luong decoders use local_*)
-  m.half_width = 5  # D of local windows
-  m.input_feeding = True  # Luong: feed h~_{t-1} into the RNN
-  m.fused = False  # Luong without input feeding: all steps through kernels.attention
-  m.cell = "gru"  # gru | lstm
-  m.bidirectional = True
-  m.enc_layers = 1
-  m.dec_layers = 1
-  m.emb_dim = 256
-  m.enc_hidden = 512  # per direction
-  m.dec_hidden = 512
-  m.d_attn = 512  # additive/local-p attention size
-  m.dropout = 0.3
-  m.max_src_len = 128  # largest source the location score addresses
-  m.match_params_of = ""  # e.g. "bahdanau": size this model's decoder to that model's count
-  for k, v in p["model"].items():
-    setattr(m, k, v)
-
-  c.train = ml_collections.ConfigDict()
-  t = c.train
-  t.steps = 3000
-  # train.batch_size and data.batch_size are one value: setting either sets both.
-  t.batch_size = c.data.get_ref("batch_size")
-  t.learning_rate = 1e-3
-  t.warmup_steps = 100
-  t.schedule = "cosine"  # cosine | rsqrt | constant
-  t.end_lr_fraction = 0.1
-  t.clip_norm = 1.0
-  t.weight_decay = 0.0
-  t.label_smoothing = 0.0
-  t.log_every = 50
-  t.eval_every = 500
-  t.checkpoint_every = 250
-  t.eval_decode_sentences = 500
-  t.beam_size = 1
-  t.length_penalty = 0.6
-  t.max_decode_ratio = 1.5
-  t.attention_samples = 16
-  t.seed = 0
-  for k, v in p["train"].items():
-    setattr(t, k, v)
+  c.data.update(p.get("data_overrides", {}))
+  c.model = configurable.config_dict(ModelConfig, **p["model"])
+  c.train = configurable.config_dict(TrainConfig, **p["train"])
   return c

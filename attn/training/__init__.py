@@ -1,0 +1,21 @@
+"""Training and evaluation, split by responsibility:
+
+- `loop`: `train_and_evaluate(config, workdir, task)`, `setup`, `train`, `train_step`;
+- `evaluation`: perplexity, decoding a split, scores, alignment quality, the result files;
+- `checkpoints`: orbax `checkpoints/` (latest) and `best/`;
+- `metrics_log`: metrics.jsonl and TensorBoard;
+- `results`: atomic JSON and the one results table;
+- `task`: the task interface (what to build, score and decode) and the translation task;
+- `config`: `TrainConfig` and the optimizer.
+"""
+
+from attn.training.checkpoints import Checkpoints
+from attn.training.config import TrainConfig, make_optimizer
+from attn.training.loop import Run, setup, train, train_and_evaluate, train_step
+from attn.training.metrics_log import MetricsWriter
+from attn.training.results import results_table, write_json
+from attn.training.task import Task, TranslationTask, get_task
+
+__all__ = ["Checkpoints", "MetricsWriter", "Run", "Task", "TrainConfig", "TranslationTask",
+           "get_task", "make_optimizer", "results_table", "setup", "train", "train_and_evaluate",
+           "train_step", "write_json"]

@@ -1,0 +1,87 @@
+"""TrainConfig: every optimization, evaluation and decoding setting with its one default, and the
+optimizer built from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import optax
+
+from attn import configurable
+from attn.configurable import option
+from attn.errors import ConfigError
+
+_SCHEDULES = {
+    "cosine": lambda c: optax.warmup_cosine_decay_schedule(
+        0.0, c.learning_rate, c.warmup_steps, max(c.steps, c.warmup_steps + 1),
+        c.learning_rate * c.end_lr_fraction),
+    "rsqrt": lambda c: lambda step: c.learning_rate * jnp.minimum(
+        (step + 1) / max(c.warmup_steps, 1), jnp.sqrt(max(c.warmup_steps, 1) / (step + 1))),
+    "constant": lambda c: optax.linear_schedule(0.0, c.learning_rate, max(c.warmup_steps, 1)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimization, evaluation and decoding settings (the `train` section of a config).
+
+  The batch size is a data setting (`data.batch_size`): the buckets are built from it.
+  """
+  steps: int = option(2000, "optimizer steps")
+  learning_rate: float = option(1e-3, "peak learning rate (after warm-up)")
+  warmup_steps: int = option(100, "linear warm-up from 0")
+  schedule: str = option("cosine", "cosine | rsqrt | constant (after warm-up)")
+  end_lr_fraction: float = option(0.1, "cosine decays to this fraction of the peak")
+  clip_norm: float = option(1.0, "global gradient-norm clipping")
+  weight_decay: float = option(0.0, "AdamW weight decay")
+  label_smoothing: float = option(0.0, "label smoothing of the training loss")
+  log_every: int = option(50, "steps between progress lines and train metrics")
+  eval_every: int = option(500, "steps between evaluations (each saves best/ when it improves)")
+  checkpoint_every: int = option(250, "steps between checkpoints (for resuming)")
+  eval_decode_sentences: int = option(
+      500, "sentences of the eval split decoded (greedy) for the eval score")
+  beam_size: int = option(1, "test decoding beam; 1 = greedy")
+  length_penalty: float = option(0.6, "beam search length penalty alpha (GNMT)")
+  max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
+  attention_samples: int = option(16, "examples whose attention goes to attention.npz")
+  max_wall_s: float = option(
+      0.0, "stop training (then evaluate) after this much training time; 0 = off")
+  seed: int = option(0, "parameter initialization and dropout seed")
+
+  def __post_init__(self):
+    def check(ok, msg):
+      if not ok:
+        raise ConfigError(f"train.{msg}")
+
+    check(self.schedule in _SCHEDULES,
+          f"schedule={self.schedule!r} unknown; known: {', '.join(sorted(_SCHEDULES))}")
+    check(self.steps >= 1, f"steps={self.steps} must be >= 1")
+    check(self.beam_size >= 1, f"beam_size={self.beam_size} must be >= 1")
+    check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be > 0")
+    check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+    for name in ("log_every", "eval_every", "checkpoint_every"):
+      check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+    check(0.0 <= self.label_smoothing < 1.0,
+          f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+    check(self.clip_norm > 0, f"clip_norm={self.clip_norm} must be > 0")
+    check(0.0 <= self.end_lr_fraction <= 1.0,
+          f"end_lr_fraction={self.end_lr_fraction} must be in [0, 1]")
+    check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
+    check(self.max_wall_s >= 0, f"max_wall_s={self.max_wall_s} must be >= 0")
+    check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
+    check(self.eval_decode_sentences >= 0 and self.attention_samples >= 0,
+          "eval_decode_sentences and attention_samples must be >= 0")
+
+  def replace(self, **kw) -> "TrainConfig":
+    return dataclasses.replace(self, **kw)
+
+  @classmethod
+  def from_config(cls, cfg) -> "TrainConfig":
+    return configurable.from_config(cls, cfg, section="train")
+
+
+def make_optimizer(c: TrainConfig):
+  """Adam(W) with warm-up/decay and global-norm clipping."""
+  return optax.chain(optax.clip_by_global_norm(c.clip_norm),
+                     optax.adamw(_SCHEDULES[c.schedule](c), weight_decay=c.weight_decay))

@@ -1,0 +1,186 @@
+"""Evaluation of a run: perplexity, decoding a split, scoring it through the task, alignment
+quality against gold links, and the result files (predictions.txt, attention.npz, results.json,
+attention.png)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attn import metrics as metrics_lib
+from attn.models import count_params
+from attn.training import results as results_lib
+
+log = logging.getLogger(__name__)
+
+BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths")  # what the model reads from a batch
+
+
+def device_batch(batch):
+  """The arrays of a data batch that go to the device (ids and lengths, no example metadata)."""
+  return {k: v for k, v in batch.items() if k in BATCH_KEYS}
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(fn, graphdef, **static):
+  """`jax.jit(partial(fn, graphdef, **static))`, cached per graphdef and static arguments."""
+  return jax.jit(functools.partial(fn, graphdef, **static))
+
+
+def eval_step(task, graphdef, params, batch):
+  """Summed NLL and token count of one batch (no dropout)."""
+  _, ntok, nll = task.loss(nnx.merge(graphdef, params), batch)
+  return nll, ntok
+
+
+def decode_batch(task, graphdef, params, src, src_lengths, *, max_len, beam_size, length_penalty):
+  """The task's decoding of one batch: DecodeOutput with tokens [B, max_len] and attention
+  weights [B, max_len, Ts]."""
+  return task.decode(nnx.merge(graphdef, params), src, src_lengths, max_len=max_len,
+                     beam_size=beam_size, length_penalty=length_penalty)
+
+
+def teacher_forced_weights(task, graphdef, params, batch):
+  return task.attention(nnx.merge(graphdef, params), batch)
+
+
+def params_view(run):
+  """(graphdef, params state) of the model alone, for eval and decoding."""
+  nnx.update((run.model, run.optimizer), run.state)
+  return nnx.split(run.model)
+
+
+@dataclasses.dataclass
+class Outputs:
+  """Decoded outputs of a split, by example_id: text, lengths and attention [Tt, Ts] per example."""
+  text: dict
+  weights: dict
+  src_lengths: dict
+  src_labels: dict
+  tgt_labels: dict
+
+
+def decode_split(run, role, *, beam_size, max_sentences=None) -> Outputs:
+  """Decodes `role` (or its first `max_sentences` examples, in batch order)."""
+  graphdef, params = params_view(run)
+  src_vocab, vocab = run.bundle.src_vocab, run.bundle.tgt_vocab
+  out = Outputs({}, {}, {}, {}, {})
+  for batch in run.bundle.batches(role):
+    Ts = batch["src"].shape[1]
+    max_len = int(run.tc.max_decode_ratio * Ts) + 10
+    fn = jitted(functools.partial(decode_batch, run.task), graphdef, max_len=max_len,
+                beam_size=beam_size, length_penalty=run.tc.length_penalty)
+    res = fn(params, jnp.asarray(batch["src"]), jnp.asarray(batch["src_lengths"]))
+    tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
+    for i, ex in enumerate(batch["example_id"]):
+      ex = int(ex)
+      if ex < 0:
+        continue  # padding rows of a partial batch
+      out.text[ex] = vocab.decode(tokens[i].tolist())
+      out.weights[ex] = weights[i, :lengths[i], :batch["src_lengths"][i]]
+      out.src_lengths[ex] = int(batch["src_lengths"][i])
+      # One label per attention column / row (EOS included; an output cut at max_len has none).
+      out.src_labels[ex] = src_vocab.labels(batch["src"][i][:batch["src_lengths"][i]])
+      out.tgt_labels[ex] = vocab.labels(tokens[i][:lengths[i]])
+    if max_sentences and len(out.text) >= max_sentences:
+      break
+  return out
+
+
+def score_outputs(run, role, hyps: Outputs) -> dict:
+  return run.task.score(run.bundle, role, hyps.text, hyps.src_lengths)
+
+
+def evaluate(run, role="eval", max_sentences=None) -> dict:
+  """Perplexity over the split and the task's scores of greedy outputs of up to `max_sentences`."""
+  graphdef, params = params_view(run)
+  step = jitted(functools.partial(eval_step, run.task), graphdef)
+  nll = ntok = 0.0
+  for batch in run.bundle.batches(role):
+    a, b = step(params, device_batch(batch))
+    nll, ntok = nll + float(a), ntok + float(b)
+  out = {"perplexity": float(np.exp(nll / max(ntok, 1.0))), "nll": nll / max(ntok, 1.0)}
+  hyps = decode_split(run, role, beam_size=1, max_sentences=max_sentences)
+  out.update(score_outputs(run, role, hyps))
+  return out
+
+
+def alignment_scores(run, role="test") -> dict:
+  """Teacher-forced attention against the gold alignments of a built-in task: AER of the argmax
+  links and the attention mass on gold links, pooled over the split."""
+  graphdef, params = params_view(run)
+  forward = jitted(functools.partial(teacher_forced_weights, run.task), graphdef)
+  preds, golds, tl, sl = [], [], [], []
+  for batch in run.bundle.batches(role):
+    w = forward(params, device_batch(batch))
+    if w is None:
+      return {}  # the fused kernel never forms the weights
+    keep = batch["example_id"] >= 0
+    preds.append(np.asarray(w)[keep])
+    golds.append(batch["alignments"][keep])
+    tl.append(batch["tgt_lengths"][keep])
+    sl.append(batch["src_lengths"][keep])
+  Tt = max(p.shape[1] for p in preds)
+  Ts = max(p.shape[2] for p in preds)
+  pad = lambda x: np.pad(x, ((0, 0), (0, Tt - x.shape[1]), (0, Ts - x.shape[2])))
+  w, g = np.concatenate([pad(p) for p in preds]), np.concatenate([pad(x) for x in golds])
+  tl, sl = np.concatenate(tl), np.concatenate(sl)
+  return {"aer": metrics_lib.alignment_error_rate(w, g, tl, sl),
+          "attention_on_gold": metrics_lib.attention_on_gold(w, g, tl, sl)}
+
+
+def write_results(run, ckpt, role="test") -> dict:
+  """Decodes `role` with the best checkpoint (else the last) and writes the result files."""
+  if "eval" in run.bundle.splits and ckpt.best.latest_step() is not None:
+    last_step = run.step
+    ckpt.restore(ckpt.best, run)
+    log.info(f"restored best checkpoint (step {run.step}, eval score {run.best_score:.3f})")
+    best_step, run.step = run.step, last_step
+  else:
+    best_step = run.step
+  if role not in run.bundle.splits:
+    role = "eval"
+  t0 = time.time()
+  hyps = decode_split(run, role, beam_size=run.tc.beam_size)
+  decode_s = time.time() - t0
+  scores = score_outputs(run, role, hyps)
+  if run.bundle.has_alignments and run.mc.has_attention:
+    scores.update(alignment_scores(run, role))
+  if run.tc.beam_size > 1:  # the greedy figure too, for comparison with beam search
+    greedy = score_outputs(run, role, decode_split(run, role, beam_size=1))
+    scores.update({f"{k}_greedy": v for k, v in greedy.items() if isinstance(v, float)})
+  ids = sorted(hyps.text)
+  with open(os.path.join(run.workdir, "predictions.txt"), "w") as f:
+    f.writelines(hyps.text[i] + "\n" for i in ids)
+  sample = ids[:run.tc.attention_samples]
+  sources = run.bundle.sources(role)
+  np.savez_compressed(
+      os.path.join(run.workdir, "attention.npz"),
+      **{f"weights_{i}": hyps.weights[i] for i in sample},
+      example_ids=np.array(sample), sources=np.array([sources[i] for i in sample]),
+      predictions=np.array([hyps.text[i] for i in sample]))
+  results = {
+      "split": role, **scores, "params": count_params(run.model), "step": run.step,
+      "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
+      # steady state: median over logging windows, the first (compilation) left out
+      "tokens_per_sec_steady": float(np.median(run.window_rates[1:] or run.window_rates or [0.0])),
+      "wall_s": run.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
+      "decoder": run.mc.decoder, "score": run.mc.score, "normalizer": run.mc.normalizer,
+      "model_config": dataclasses.asdict(run.mc),
+  }
+  results_lib.write_json(os.path.join(run.workdir, "results.json"), results)
+  if run.mc.has_attention and sample:
+    from attn import viz  # pylint: disable=import-outside-toplevel
+    i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
+    viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
+                os.path.join(run.workdir, "attention.png"),
+                title=f"{run.mc.decoder}/{run.mc.score}: example {i}")
+  return results
