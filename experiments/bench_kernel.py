@@ -1,4 +1,4 @@
-r"""Benchmark the attention kernels (issues 3 and 6): time, TFLOP/s, % of matmul peak, memory.
+r"""Benchmark the fused attention kernels: time, TFLOP/s, % of matmul peak, memory.
 
 CPU figures in docs/benchmarks.md (memory with YNNPACK fusion off, which otherwise hides the
 attention temporaries from the memory analysis):
@@ -14,6 +14,7 @@ GPU (one prepared run; see docs/benchmarks.md for the whole device script):
         --impls=pallas,cudnn,xla,jax_triton,jax_mgpu,tokamax --batch=4 --heads=16 --repeats=5
 
 Writes <outdir>/<name>.csv, .md (with this command and the machine) and .png (TFLOP/s vs T).
+The benchmark itself is the library experiments/kernel_bench.py; this file only parses flags.
 """
 
 import shlex
@@ -53,7 +54,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from kernels import bench  # pylint: disable=import-outside-toplevel
+  from experiments import kernel_bench as bench  # pylint: disable=import-outside-toplevel
   try:
     causal = tuple(_BOOLS[c.lower()] for c in FLAGS.causal)
   except KeyError:

@@ -1,6 +1,7 @@
-"""Pieces shared by the fused attention kernels: block sizes, input checks, padding, Pallas helpers
-(dots, BlockSpecs, `call_kernel` with optional NaN-poisoned outputs), and the two non-Pallas
-implementations every kernel also offers.
+"""Pieces shared by the fused attention kernels: block sizes, masks, the online softmax, Pallas
+helpers (dots, loop bounds, BlockSpecs, `call_kernel` with optional NaN-poisoned outputs), and the
+two non-Pallas implementations every kernel also offers. `kernels/_skeleton.py` wires them into
+the custom_vjp, padding and dispatch that every kernel runs through.
 
 - `blocked_attention`: the exact, memory-efficient pure-JAX path for CPU. A `lax.map` over query
   blocks of a `lax.scan` over key blocks with the online softmax (FlashAttention-2, Dao 2023,
@@ -36,7 +37,6 @@ _F32 = jnp.float32
 # MASK_VALUE - MASK_VALUE stays 0, so a row that has seen no valid key yet never produces NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-IMPLEMENTATIONS = ("auto", "pallas", "blocked", "xla")
 MIN_BLOCK = 16  # Triton's dot needs M, N, K >= 16; Pallas Triton needs power-of-two shapes.
 MAX_HEAD_DIM = 256  # a [block, d] tile of q, k and v must fit the GPU's shared memory
 
@@ -47,10 +47,6 @@ def _is_pow2(n: int) -> bool:
 
 def next_pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
-
-
-def round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,57 +98,9 @@ class BlockSizes:
                                block_q_bwd=min(self.bwd_q, cq), block_k_bwd=min(self.bwd_k, ck))
 
 
-def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
-  """The BlockSizes to use from the public arguments (block_sizes wins; block_q/k override)."""
-  if block_sizes is not None:
-    if block_q is not None or block_k is not None:
-      raise ValueError("pass either block_sizes or block_q/block_k, not both")
-    if not isinstance(block_sizes, BlockSizes):
-      raise ValueError(
-          f"block_sizes must be a kernels.BlockSizes, got {type(block_sizes).__name__}")
-    return block_sizes
-  changes = {}
-  if block_q is not None:
-    changes.update(block_q=block_q, block_q_bwd=block_q)
-  if block_k is not None:
-    changes.update(block_k=block_k, block_k_bwd=block_k)
-  return dataclasses.replace(default, **changes)
-
-
-def resolve_implementation(implementation: str) -> str:
-  """"auto" -> "pallas" on GPU, "blocked" elsewhere. Unknown names fail with the known ones."""
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
-  if implementation == "auto":
-    # TPU is left on the blocked path until the kernel's Mosaic TPU lowering has been validated
-    # on a TPU (the [B, T, H, d] BlockSpecs put a squeezed head axis in the second-minor position).
-    return "pallas" if jax.default_backend() == "gpu" else "blocked"
-  return implementation
-
-
-def resolve_interpret(interpret: bool | None) -> bool:
-  """Pallas runs in interpret mode on CPU (there is no CPU lowering)."""
-  if interpret is None:
-    return jax.default_backend() == "cpu"
-  return bool(interpret)
-
-
 def check_dtype(name: str, x) -> None:
   if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
     raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
-
-
-def check_lengths(name: str, lengths, B: int, T: int):
-  """[B] int32 lengths clipped to [0, T]; T for every sequence when `lengths` is None."""
-  if lengths is None:
-    return jnp.full((B,), T, jnp.int32)
-  lengths = jnp.asarray(lengths)
-  if lengths.shape != (B,):
-    raise ValueError(f"{name} must have shape [B]=({B},), got {lengths.shape}")
-  if not jnp.issubdtype(lengths.dtype, jnp.integer):
-    raise ValueError(f"{name} must be integer, got {lengths.dtype}")
-  return jnp.clip(lengths.astype(jnp.int32), 0, T)
 
 
 def pad_axis(x, axis: int, size: int):
@@ -164,6 +112,11 @@ def pad_axis(x, axis: int, size: int):
   return jnp.pad(x, widths)
 
 
+def positions(block_index, block: int):
+  """[block] int32 sequence positions of tile `block_index` (int32 also under jax_enable_x64)."""
+  return block_index * block + jnp.arange(block, dtype=jnp.int32)
+
+
 def valid_mask(q_pos, k_pos, key_length, query_length, causal: bool):
   """[tq, tk] bool: key j is visible to query i (see the module docstring)."""
   valid = (k_pos[None, :] < key_length) & (q_pos[:, None] < query_length)
@@ -172,8 +125,37 @@ def valid_mask(q_pos, k_pos, key_length, query_length, causal: bool):
   return valid
 
 
+# ----------------------------------------------------------------------------------------------
+# The online softmax (FlashAttention-2, Dao 2023): one home for the Pallas kernels and the blocked
+# path. Shapes per (batch, head) tile: m, l [tq]; acc [tq, dv]; scores s [tq, tk]; all float32.
+
+
+def online_softmax_init(block_q: int, dv: int):
+  """(m, l, acc) before the first key block: m = MASK_VALUE (finite, see above), l = acc = 0."""
+  return (jnp.full((block_q,), MASK_VALUE, _F32), jnp.zeros((block_q,), _F32),
+          jnp.zeros((block_q, dv), _F32))
+
+
+def online_softmax_update(carry, s, valid, v):
+  """Folds one key block into (m, l, acc): Algorithm 1, lines 8-10.
+
+  s: [tq, tk] float32 scores (masked entries may hold anything); valid: [tq, tk] bool;
+  v: [tk, dv] values (P is cast to their dtype for the dot; it accumulates in float32).
+  Masked entries get p = 0 exactly, so a row that has seen no valid key keeps l = 0.
+  """
+  m_prev, l_prev, acc_prev = carry
+  s = jnp.where(valid, s, MASK_VALUE)
+  m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))  # running max m_i
+  alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
+  p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
+  l_new = alpha * l_prev + jnp.sum(p, axis=-1)
+  acc_new = alpha[:, None] * acc_prev + dot(p.astype(v.dtype), v)
+  return m_new, l_new, acc_new
+
+
 def finish_softmax(m, l, acc):
-  """Online-softmax state -> (out = acc / l, lse = m + log l); empty rows -> (0, -inf)."""
+  """Online-softmax state -> (out = acc / l, lse = m + log l) (Algorithm 1, lines 12-13); empty
+  rows -> (0, -inf)."""
   nonempty = l > 0
   l_safe = jnp.where(nonempty, l, 1.0)
   out = acc / l_safe[..., None]
@@ -197,13 +179,35 @@ def dot_tn(a, b):  # [k, m]^T @ [k, n]
   return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
 
 
+def softmax_grad_tile(s, valid, lse, do, v, delta):
+  """Algorithm 2: P recomputed from the saved lse, and dS = P ∘ (dP − δ) with dP = dO Vᵀ.
+
+  s: [tq, tk] float32 scores; valid: [tq, tk]; lse, delta: [tq]; do: [tq, dv]; v: [tk, dv].
+  Returns (p, ds), both [tq, tk] float32; lse = -inf only on empty rows, where p = 0.
+  """
+  p = jnp.where(valid, jnp.exp(s - lse[:, None]), 0.0)
+  return p, p * (dot_nt(do, v) - delta[:, None])
+
+
+# Loop bounds of the kernels. The block sizes are Python ints: cast them to the int32 of program
+# ids and lengths, or `lax.div` sees int32 / int64 under jax_enable_x64 and refuses.
+
+
 def num_key_blocks(i, block_q, block_k, key_length, query_length, causal):
   """Key blocks that query block i visits (none when all its rows are padding)."""
   hi = key_length
   if causal:
     hi = jnp.minimum(hi, (i + 1) * block_q)
   hi = jnp.where(i * block_q < query_length, hi, 0)
-  return lax.div(hi + block_k - 1, block_k)
+  return pl.cdiv(hi, np.int32(block_k))
+
+
+def query_block_range(j, block_q, block_k, key_length, query_length, causal):
+  """(lo, hi): query blocks that can see key block j. Causal rows start at the block's first key;
+  none when the whole key block lies past the key length."""
+  lo = lax.div(j * block_k, np.int32(block_q)) if causal else np.int32(0)
+  hi = jnp.where(j * block_k < key_length, pl.cdiv(query_length, np.int32(block_q)), lo)
+  return lo, hi
 
 
 def compiler_params(blocks: BlockSizes, head_dim: int):
@@ -238,24 +242,24 @@ def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
   return pl.BlockSpec((None, T, None, width), lambda r, b, h: (b, 0, h, 0))
 
 
+def stats_spec(block):  # a [block] slice of the [B, H, T] lse / delta rows of (b, h)
+  return pl.BlockSpec((None, None, block), lambda r, b, h: (b, h, r))
+
+
+def stats_full_spec(T):  # all [T] lse / delta entries of (b, h)
+  return pl.BlockSpec((None, None, T), lambda r, b, h: (b, h, 0))
+
+
 LEN_SPEC = pl.BlockSpec((1,), lambda r, b, h: (b,))
 
 
-def to_heads(x):  # [B, T, H, d] -> [B, H, T, d]
-  return jnp.swapaxes(x, 1, 2)
-
-
-def from_heads(out, lse, dtype):
-  """([B, H, Tq, dv], [B, H, Tq]) of the dense/blocked cores -> ([B, Tq, H, dv] in dtype, [B, Tq, H])."""
-  return to_heads(out).astype(dtype), jnp.swapaxes(lse, 1, 2)
-
-
-def default_blocks(implementation: str, interpret: bool, *, blocked: "BlockSizes",
-                   interpreted: "BlockSizes", gpu: "BlockSizes") -> "BlockSizes":
-  """A kernel module's default tiles for the chosen implementation."""
-  if implementation == "blocked":
-    return blocked
-  return interpreted if interpret else gpu
+def forward_outputs(q, v, block_q):
+  """Output shapes and BlockSpecs of every forward kernel: out [B, Tq, H, dv] in v's dtype and
+  lse [B, H, Tq] float32 (q: [B, Tq, H, ·], v: [B, Tk, H, dv], both padded)."""
+  B, Tq, H = q.shape[:3]
+  shapes = [jax.ShapeDtypeStruct((B, Tq, H, v.shape[-1]), v.dtype),
+            jax.ShapeDtypeStruct((B, H, Tq), _F32)]
+  return shapes, [row_spec(block_q, v.shape[-1]), stats_spec(block_q)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,25 +274,15 @@ def _blocked_fwd_single(score_fn, causal, bq, bk, q, k, v, theta, kl, ql):
 
   def one_query_block(args):
     i, q_blk = args
-    q_pos = i * bq + jnp.arange(bq)
+    q_pos = positions(i, bq)
 
     def step(carry, xs):
-      m_prev, l_prev, acc_prev = carry
       j, k_blk, v_blk = xs
       s = score_fn(theta, q_blk, k_blk)  # [bq, bk] f32
-      valid = valid_mask(q_pos, j * bk + jnp.arange(bk), kl, ql, causal)
-      s = jnp.where(valid, s, MASK_VALUE)
-      # FlashAttention-2 Algorithm 1, lines 8-10: running max m, rescaled sum l and accumulator.
-      m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
-      alpha = jnp.exp(m_prev - m_new)
-      p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
-      l_new = alpha * l_prev + jnp.sum(p, axis=-1)
-      acc_new = alpha[:, None] * acc_prev + p @ v_blk
-      return (m_new, l_new, acc_new), None
+      valid = valid_mask(q_pos, positions(j, bk), kl, ql, causal)
+      return online_softmax_update(carry, s, valid, v_blk), None
 
-    init = (jnp.full((bq,), MASK_VALUE, _F32), jnp.zeros((bq,), _F32),
-            jnp.zeros((bq, v.shape[-1]), _F32))
-    (m, l, acc), _ = lax.scan(step, init, (jnp.arange(nk), kb, vb))
+    (m, l, acc), _ = lax.scan(step, online_softmax_init(bq, v.shape[-1]), (jnp.arange(nk), kb, vb))
     return finish_softmax(m, l, acc)
 
   out, lse = lax.map(one_query_block, (jnp.arange(nq), q.reshape(nq, bq, q.shape[-1])))
@@ -313,16 +307,15 @@ def _blocked_bwd_single(score_fn, causal, bq, bk, q, k, v, theta, kl, ql, out, l
   def key_step(carry, xs):
     dq_acc, dtheta_acc = carry
     j, k_blk, v_blk = xs
-    k_pos = j * bk + jnp.arange(bk)
+    k_pos = positions(j, bk)
 
     def query_step(inner, ys):
       dk_blk, dv_blk, dtheta = inner
       i, q_blk, do_blk, lse_blk, delta_blk = ys
       s, vjp = jax.vjp(lambda qq, kk, th: score_fn(th, qq, kk), q_blk, k_blk, theta32)
-      valid = valid_mask(i * bq + jnp.arange(bq), k_pos, kl, ql, causal)
-      p = jnp.where(valid, jnp.exp(s - lse_blk[:, None]), 0.0)  # lse = -inf only on empty rows
+      valid = valid_mask(positions(i, bq), k_pos, kl, ql, causal)
+      p, ds = softmax_grad_tile(s, valid, lse_blk, do_blk, v_blk, delta_blk)
       dv_blk = dv_blk + p.T @ do_blk
-      ds = p * (do_blk @ v_blk.T - delta_blk[:, None])
       dq_blk, dk_part, dth = vjp(ds)
       dtheta = jax.tree.map(jnp.add, dtheta, dth)
       return (dk_blk + dk_part, dv_blk, dtheta), dq_blk
@@ -384,7 +377,7 @@ def blocked_attention(score_fn: Callable, q, k, v, theta, kl, ql, *, causal: boo
   """
   Tq, Tk = q.shape[2], k.shape[2]
   bq, bk = min(block_q, next_pow2(Tq)), min(block_k, next_pow2(Tk))
-  Tq_p, Tk_p = round_up(Tq, bq), round_up(Tk, bk)
+  Tq_p, Tk_p = pl.cdiv(Tq, bq) * bq, pl.cdiv(Tk, bk) * bk
   qp, kp, vp = pad_axis(q, 2, Tq_p), pad_axis(k, 2, Tk_p), pad_axis(v, 2, Tk_p)
   out, lse = _blocked_core(score_fn, causal, bq, bk, qp, kp, vp, theta, kl, ql)
   return out[:, :, :Tq], lse[:, :, :Tq]

@@ -31,7 +31,6 @@ until that has been run on a TPU.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -40,8 +39,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common
-from kernels._common import LEN_SPEC, BlockSizes, full_spec, row_spec, to_heads
+from kernels import _common, _skeleton
+from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
+                             stats_spec)
 
 _F32 = jnp.float32
 # Defaults per implementation. GPU: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
@@ -64,29 +64,17 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block
   i = pl.program_id(0)
   key_length, query_length = kl_ref[0], ql_ref[0]
   q = q_ref[...]  # [bq, d], stays on chip for the whole loop
-  q_pos = i * block_q + jnp.arange(block_q)
+  q_pos = positions(i, block_q)
 
   def body(j, carry):
-    m_prev, l_prev, acc_prev = carry
-    k = k_ref[pl.ds(j * block_k, block_k), :]  # [bk, d]
-    v = v_ref[pl.ds(j * block_k, block_k), :]  # [bk, dv]
-    s = _common.dot_nt(q, k) * scale  # [bq, bk] f32
-    valid = _common.valid_mask(q_pos, j * block_k + jnp.arange(block_k), key_length, query_length,
-                               causal)
-    s = jnp.where(valid, s, _common.MASK_VALUE)
-    # Algorithm 1, lines 9-10: new running max, rescale the old sum and accumulator by alpha.
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
-    alpha = jnp.exp(m_prev - m_new)
-    p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
-    l_new = alpha * l_prev + jnp.sum(p, axis=1)
-    acc_new = alpha[:, None] * acc_prev + _common.dot(p.astype(v.dtype), v)
-    return m_new, l_new, acc_new
+    keys = pl.ds(j * block_k, block_k)
+    s = _common.dot_nt(q, k_ref[keys, :]) * scale  # [bq, bk] f32
+    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
+    return _common.online_softmax_update(carry, s, valid, v_ref[keys, :])  # Algorithm 1, 8-10
 
-  init = (jnp.full((block_q,), _common.MASK_VALUE, _F32), jnp.zeros((block_q,), _F32),
-          jnp.zeros((block_q, v_ref.shape[-1]), _F32))
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
-  m, l, acc = lax.fori_loop(0, n, body, init)
-  out, lse = _common.finish_softmax(m, l, acc)  # Algorithm 1, lines 12-13
+  carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, v_ref.shape[-1]))
+  out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse
 
@@ -99,17 +87,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   key_length, query_length = kl_ref[0], ql_ref[0]
   q, do = q_ref[...], do_ref[...]  # [bq, d], [bq, dv]
   lse, delta = lse_ref[...], delta_ref[...]  # [bq]
-  q_pos = i * block_q + jnp.arange(block_q)
+  q_pos = positions(i, block_q)
 
   def body(j, dq):
-    k = k_ref[pl.ds(j * block_k, block_k), :]
-    v = v_ref[pl.ds(j * block_k, block_k), :]
-    valid = _common.valid_mask(q_pos, j * block_k + jnp.arange(block_k), key_length, query_length,
-                               causal)
-    # Algorithm 2: P recomputed from lse; dS = P o (dP - delta); dQ += dS K (times scale, below).
-    p = jnp.where(valid, jnp.exp(_common.dot_nt(q, k) * scale - lse[:, None]), 0.0)
-    ds = p * (_common.dot_nt(do, v) - delta[:, None])
-    return dq + _common.dot(ds.astype(k.dtype), k)
+    keys = pl.ds(j * block_k, block_k)
+    k = k_ref[keys, :]
+    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
+    _, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do,
+                                      v_ref[keys, :], delta)
+    return dq + _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
   dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, _F32))
@@ -123,159 +109,77 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   j = pl.program_id(0)
   key_length, query_length = kl_ref[0], ql_ref[0]
   k, v = k_ref[...], v_ref[...]  # [bk, d], [bk, dv]
-  k_pos = j * block_k + jnp.arange(block_k)
-  # Query blocks that can see this key block: causal rows start at the block's first key; none
-  # when the whole key block lies past the key length.
-  lo = lax.div(j * block_k, block_q) if causal else 0
-  hi = jnp.where(j * block_k < key_length, lax.div(query_length + block_q - 1, block_q), lo)
+  k_pos = positions(j, block_k)
 
   def body(i, carry):
     dk, dv = carry
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    lse, delta = lse_ref[rows], delta_ref[rows]
-    valid = _common.valid_mask(i * block_q + jnp.arange(block_q), k_pos, key_length, query_length,
-                               causal)
-    p = jnp.where(valid, jnp.exp(_common.dot_nt(q, k) * scale - lse[:, None]), 0.0)  # [bq, bk]
+    valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
+    p, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse_ref[rows], do, v,
+                                      delta_ref[rows])  # [bq, bk]
     dv = dv + _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
-    ds = p * (_common.dot_nt(do, v) - delta[:, None])
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
 
+  lo, hi = _common.query_block_range(j, block_q, block_k, key_length, query_length, causal)
   dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
-# pallas_call wrappers (inputs already padded: T to block multiples, d to powers of two >= 16).
+# pallas_call wrappers: grids and BlockSpecs. Operands arrive padded by `_skeleton.pallas_padded`
+# (T to block multiples, d to powers of two >= 16); theta is None (the score has no parameters).
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-  scale: float
-  causal: bool
-  blocks: BlockSizes
-  interpret: bool
-  poison: bool = False  # tests: pre-fill outputs with NaN so unwritten elements show
-
-
-def _forward(q, k, v, kl, ql, cfg: _Config):
+def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
+  del theta
   B, Tq, H, d = q.shape
   Tk, dv = k.shape[1], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
   nbytes = sum(x.size * x.dtype.itemsize for x in (q, k, v)) * 2
+  out_shapes, out_specs = _common.forward_outputs(q, v, bq)
   return _common.call_kernel(
-      functools.partial(_fwd_kernel, scale=cfg.scale, causal=cfg.causal, block_k=bk),
+      functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, **dict(cfg.score_kw)),
       (q, k, v, kl, ql),
       [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct((B, Tq, H, dv), v.dtype), jax.ShapeDtypeStruct((B, H, Tq), _F32)],
-      [row_spec(bq, dv), pl.BlockSpec((None, None, bq), lambda r, b, h: (b, h, r))],
-      grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_fwd", head_dim=d,
-      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
-                                    bytes_accessed=nbytes))
+      out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_fwd",
+      head_dim=d, cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
+                                                bytes_accessed=nbytes))
 
 
-def _backward(q, k, v, do, lse, delta, kl, ql, cfg: _Config):
+def _backward(q, k, v, theta, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   B, Tq, H, d = q.shape
   Tk, dv = k.shape[1], v.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
-  stats_full = pl.BlockSpec((None, None, Tq), lambda r, b, h: (b, h, 0))
-  stats_rows = pl.BlockSpec((None, None, bq), lambda r, b, h: (b, h, r))
+  score_kw = dict(cfg.score_kw)
   inputs = (q, k, v, do, lse, delta, kl, ql)
   (dq,) = _common.call_kernel(
-      functools.partial(_dq_kernel, scale=cfg.scale, causal=cfg.causal, block_k=bk), inputs,
-      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv), stats_rows,
-       stats_rows, LEN_SPEC, LEN_SPEC],
+      functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, **score_kw), inputs,
+      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv), stats_spec(bq),
+       stats_spec(bq), LEN_SPEC, LEN_SPEC],
       [jax.ShapeDtypeStruct(q.shape, q.dtype)], [row_spec(bq, d)],
       grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_dq", head_dim=d)
   dk, dv_ = _common.call_kernel(
-      functools.partial(_dkdv_kernel, scale=cfg.scale, causal=cfg.causal, block_q=bq), inputs,
-      [full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv), stats_full,
-       stats_full, LEN_SPEC, LEN_SPEC],
+      functools.partial(_dkdv_kernel, causal=cfg.causal, block_q=bq, **score_kw), inputs,
+      [full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv), stats_full_spec(Tq),
+       stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
       [row_spec(bk, d), row_spec(bk, dv)],
       grid=(Tk // bk, B, H), cfg=cfg, name="flash_attention_dkdv", head_dim=d)
-  return dq, dk, dv_
+  return dq, dk, dv_, theta
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash_core(q, k, v, kl, ql, cfg):
-  return tuple(_forward(q, k, v, kl, ql, cfg))
-
-
-def _flash_core_fwd(q, k, v, kl, ql, cfg):
-  out, lse = _flash_core(q, k, v, kl, ql, cfg)
-  return (out, lse), (q, k, v, kl, ql, out, lse)
-
-
-def _flash_core_bwd(cfg, res, cts):
-  q, k, v, kl, ql, out, lse = res
-  g_out, g_lse = cts
-  # delta_i = dO_i . O_i - dL/dlse_i: a cotangent on lse adds P_ij to dS_ij, i.e. shifts delta.
-  delta = jnp.einsum("bqhd,bqhd->bhq", g_out.astype(_F32), out.astype(_F32)) - g_lse
-  dq, dk, dv = _backward(q, k, v, g_out.astype(v.dtype), lse, delta, kl, ql, cfg)
-  return dq, dk, dv, None, None
-
-
-_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
-
-
-def _pallas_padded(q, k, v, kl, ql, *, causal, scale, blocks, interpret, poison=False):
-  """Pads to kernel-friendly shapes and runs the kernels; returns padded (out, lse [B, H, Tq_p])."""
-  Tq, Tk, d, dv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
-  if d > _common.MAX_HEAD_DIM or dv > _common.MAX_HEAD_DIM:
-    raise ValueError(f"the Pallas kernel supports head dims up to {_common.MAX_HEAD_DIM}, got "
-                     f"d={d}, dv={dv}; use implementation='blocked'")
-  blocks = blocks.clamp(Tq, Tk)
-  Tq_p = _common.round_up(Tq, max(blocks.block_q, blocks.bwd_q))
-  Tk_p = _common.round_up(Tk, max(blocks.block_k, blocks.bwd_k))
-  d_p = max(_common.MIN_BLOCK, _common.next_pow2(d))
-  dv_p = max(_common.MIN_BLOCK, _common.next_pow2(dv))
-  pad = lambda x, T, w: _common.pad_axis(_common.pad_axis(x, 1, T), 3, w)
-  cfg = _Config(scale=scale, causal=causal, blocks=blocks, interpret=interpret, poison=poison)
-  return _flash_core(pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p), kl, ql, cfg)
-
-
-# ----------------------------------------------------------------------------------------------
-# Implementations: each (q, k, v, kl, ql, *, causal, scale, blocks, interpret) -> (out, lse) with
-# out [B, Tq, H, dv] in the input dtype and lse [B, Tq, H] float32.
-
-
-def _impl_pallas(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
-  Tq, dv = q.shape[1], v.shape[-1]
-  out, lse = _pallas_padded(q, k, v, kl, ql, causal=causal, scale=scale, blocks=blocks,
-                            interpret=interpret)
-  return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
-
-
-def _dot_score(scale, theta, q_blk, k_blk):
-  """scale · q_blk k_blkᵀ: [tq, d] x [tk, d] -> [tq, tk] float32."""
+def _dot_score(theta, q_blk, k_blk, *, scale):
+  """scale · q_blk k_blkᵀ: [tq, d] x [tk, d] -> [tq, tk] float32 (blocked and naive paths)."""
   del theta
   return _common.dot_nt(q_blk, k_blk) * scale
 
 
-def _impl_blocked(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
-  del interpret
-  out, lse = _common.blocked_attention(
-      functools.partial(_dot_score, scale), to_heads(q), to_heads(k), to_heads(v), None, kl, ql,
-      causal=causal, block_q=blocks.block_q, block_k=blocks.block_k)
-  return _common.from_heads(out, lse, v.dtype)
-
-
-def _impl_xla(q, k, v, kl, ql, *, causal, scale, blocks, interpret):
-  del blocks, interpret
-  out, lse = _common.naive_attention(
-      functools.partial(_dot_score, scale), to_heads(q), to_heads(k), to_heads(v), None, kl, ql,
-      causal=causal)
-  return _common.from_heads(out, lse, v.dtype)
-
-
-_IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _impl_xla}
-
-
-def _check_inputs(q, k, v):
+def _check_inputs(q, k, v, theta):
+  del theta
   for name, x in (("q", q), ("k", k), ("v", v)):
     if x.ndim != 4:
       raise ValueError(f"{name} must be [B, T, H, d], got shape {x.shape}")
@@ -291,6 +195,20 @@ def _check_inputs(q, k, v):
     raise ValueError(f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
   if q.shape[-1] == 0 or v.shape[-1] == 0 or q.shape[1] == 0 or k.shape[1] == 0:
     raise ValueError(f"empty head dim or sequence: q {q.shape}, k {k.shape}, v {v.shape}")
+
+
+SPEC = _skeleton.KernelSpec(
+    name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
+    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
+    blocked_blocks=BLOCKED_BLOCKS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public wrappers.
+
+
+def _scale(q, scale):
+  return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "implementation", "block_q",
@@ -311,18 +229,10 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   Returns (out [B, Tq, H, dv] in the input dtype, lse [B, Tq, H] float32). A query row with no
   visible key gets out = 0 and lse = -inf, and zero gradients. Differentiable (custom_vjp).
   """
-  _check_inputs(q, k, v)
-  B, Tq, _, d = q.shape
-  Tk = k.shape[1]
-  kl = _common.check_lengths("key_lengths", key_lengths, B, Tk)
-  ql = _common.check_lengths("query_lengths", query_lengths, B, Tq)
-  scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  impl = _common.resolve_implementation(implementation)
-  interpret = _common.resolve_interpret(interpret)
-  blocks = _common.resolve_blocks(block_q, block_k, block_sizes, _common.default_blocks(
-      impl, interpret, blocked=BLOCKED_BLOCKS, interpreted=INTERPRET_BLOCKS, gpu=GPU_BLOCKS))
-  return _IMPLEMENTATIONS[impl](q, k, v, kl, ql, causal=bool(causal), scale=scale, blocks=blocks,
-                                interpret=interpret)
+  kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
+  return _skeleton.dispatch(SPEC, q, k, v, None, kl, ql, causal=causal,
+                            implementation=implementation, block_q=block_q, block_k=block_k,
+                            block_sizes=block_sizes, interpret=interpret, scale=_scale(q, scale))
 
 
 def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
@@ -337,6 +247,26 @@ def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = F
                             causal=causal, scale=scale, implementation=implementation,
                             block_q=block_q, block_k=block_k, block_sizes=block_sizes,
                             interpret=interpret)[0]
+
+
+def pallas_attention_padded(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
+                            scale: float | None = None, block_sizes: BlockSizes | None = None,
+                            interpret: bool | None = None, poison: bool = False):
+  """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
+
+  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS, or
+  INTERPRET_BLOCKS in interpret mode). poison=True starts every output buffer of the forward and
+  backward kernels as NaN, so an element a kernel fails to write shows as NaN.
+  Returns the padded (out [B, Tq_p, H, dv_p] in the input dtype, lse [B, H, Tq_p] float32):
+  Tq_p a multiple of the query tiles, dv_p a power of two >= 16.
+  """
+  kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
+  return _skeleton.pallas_padded(SPEC, q, k, v, None, kl, ql, causal=causal, blocks=block_sizes,
+                                 interpret=interpret, poison=poison, scale=_scale(q, scale))
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference.
 
 
 def attention_reference(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,

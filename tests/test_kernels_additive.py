@@ -1,136 +1,43 @@
-"""kernels.additive_attention (issue 6) against a float64 NumPy reference of the naive form.
+"""kernels.additive_attention against a float64 NumPy reference of the naive form.
 
-Same tolerance rule as tests/test_kernels_attention.py: in a dtype, an implementation's error
-against float64 is at most twice the naive ("xla") implementation's error plus a small floor.
-The Pallas suite runs compiled on a GPU and in interpret mode on CPU (INTERPRET = True).
+Same tolerance rule as tests/test_kernels_attention.py (see tests/kernel_cases.py): in a dtype,
+an implementation's error against float64 is at most twice the naive ("xla") implementation's
+error plus a small floor. The Pallas suite runs compiled on a GPU and in interpret mode on CPU
+(INTERPRET = True).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kernel_cases as kc
 import kernels
+from kernel_cases import Case
 from kernels import additive as aa
 
-DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-FLOOR = {jnp.float32: 1e-6, jnp.bfloat16: 2e-3, jnp.float16: 2.5e-4}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-  name: str
-  B: int
-  Tq: int
-  Tk: int
-  H: int
-  da: int
-  dv: int
-  causal: bool
-  key_lengths: tuple | None = None
-  query_lengths: tuple | None = None
-
-  def __str__(self):
-    return self.name
-
-
+# d is d_attn here.
 CASES = [
     # Odd lengths, Tq < Tk, a batch row without keys, padded queries, d_attn not a power of 2.
-    Case("cross_padded", B=2, Tq=19, Tk=41, H=3, da=24, dv=20, causal=False,
+    Case("cross_padded", B=2, Tq=19, Tk=41, H=3, d=24, dv=20, causal=False,
          key_lengths=(41, 0), query_lengths=(15, 19)),
     # Causal, Tq > Tk (top-left aligned), short keys.
-    Case("causal_tall", B=3, Tq=35, Tk=22, H=1, da=16, dv=40, causal=True, key_lengths=(22, 5, 0)),
+    Case("causal_tall", B=3, Tq=35, Tk=22, H=1, d=16, dv=40, causal=True, key_lengths=(22, 5, 0)),
     # Encoder self-attention shape with a larger d_attn and several heads.
-    Case("self_d64", B=1, Tq=27, Tk=27, H=2, da=64, dv=16, causal=False, query_lengths=(20,)),
+    Case("self_d64", B=1, Tq=27, Tk=27, H=2, d=64, dv=16, causal=False, query_lengths=(20,)),
 ]
 # Half precision on the two masked cases; every case in float32.
-FWD_CASES = [(c, dt) for c in CASES for dt in DTYPES if dt == jnp.float32 or c.name != "self_d64"]
+FWD_CASES = [(c, dt) for c in CASES for dt in kc.DTYPES
+             if dt == jnp.float32 or c.name != "self_d64"]
 GRAD_CASES = [(c, jnp.float32) for c in CASES] + [(CASES[0], jnp.bfloat16)]
 
 
-def make_inputs(case: Case, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  qp = rng.standard_normal((case.B, case.Tq, case.H, case.da))
-  kp = rng.standard_normal((case.B, case.Tk, case.H, case.da))
-  w = rng.standard_normal((case.H, case.da)) / np.sqrt(case.da) * 3
-  val = rng.standard_normal((case.B, case.Tk, case.H, case.dv))
-  qp, kp, val = (jnp.asarray(x, dtype) for x in (qp, kp, val))
-  w = jnp.asarray(w, jnp.float32)  # parameters stay float32, as in attn.scores.init_additive
-  kl = None if case.key_lengths is None else jnp.asarray(case.key_lengths, jnp.int32)
-  ql = None if case.query_lengths is None else jnp.asarray(case.query_lengths, jnp.int32)
-  return qp, kp, w, val, kl, ql
-
-
-def cotangents(case: Case, seed=1):
-  rng = np.random.default_rng(seed)
-  return (jnp.asarray(rng.standard_normal((case.B, case.Tq, case.H, case.dv)), jnp.float32),
-          jnp.asarray(rng.standard_normal((case.B, case.Tq, case.H)), jnp.float32))
-
-
-def np_additive(qp, kp, w, val, kl, ql, causal, g_out, g_lse):
-  """float64 naive additive attention and its hand-derived gradients.
-
-  Returns (out, lse, dq_proj, dk_proj, dv_vec, dvalues) for loss = <out, g_out> + <lse, g_lse>.
-  """
-  qp, kp, w, val, g_out = (np.asarray(x, np.float64) for x in (qp, kp, w, val, g_out))
-  B, Tq, H, _ = qp.shape
-  Tk = kp.shape[1]
-  kl = np.full(B, Tk) if kl is None else np.asarray(kl)
-  ql = np.full(B, Tq) if ql is None else np.asarray(ql)
-  i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
-  valid = (j < kl[:, None, None]) & (i < ql[:, None, None])
-  if causal:
-    valid = valid & (j <= i)
-  valid = valid[:, None]  # [B, 1, Tq, Tk]
-  h = np.tanh(qp[:, :, None] + kp[:, None, :])  # [B, Tq, Tk, H, da]
-  e = np.einsum("bqkha,ha->bhqk", h, w)
-  m = np.max(np.where(valid, e, -np.inf), axis=-1, keepdims=True)
-  m = np.where(np.isfinite(m), m, 0.0)
-  x = np.where(valid, np.exp(e - m), 0.0)
-  l = x.sum(-1, keepdims=True)
-  p = x / np.where(l > 0, l, 1.0)
-  out = np.einsum("bhqk,bkhd->bqhd", p, val)
-  with np.errstate(divide="ignore"):
-    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf)
-  g_lse_h = np.swapaxes(np.asarray(g_lse, np.float64), 1, 2)
-  dp = np.einsum("bqhd,bkhd->bhqk", g_out, val)
-  ds = p * (dp - np.sum(p * dp, -1, keepdims=True)) + p * g_lse_h[..., None]  # [B, H, Tq, Tk]
-  g = np.einsum("bhqk,bqkha->bqkha", ds, 1 - h * h) * w  # dS_ij w_a (1 - tanh²)
-  dq = g.sum(2)
-  dk = g.sum(1)
-  dw = np.einsum("bhqk,bqkha->ha", ds, h)
-  dval = np.einsum("bhqk,bqhd->bkhd", p, g_out)
-  return out, np.swapaxes(lse, 1, 2), dq, dk, dw, dval
-
-
-def _max_err(x, ref):
-  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-  both_inf = np.isneginf(x) & np.isneginf(ref)
-  diff = np.abs(np.where(both_inf, 0.0, x) - np.where(both_inf, 0.0, ref))
-  return float(np.max(diff, initial=0.0))  # NaN or a lone inf makes this NaN/inf: fails
-
-
-def _magnitude(ref):
-  return max(1.0, float(np.max(np.abs(np.where(np.isfinite(ref), ref, 0.0)), initial=0.0)))
-
-
-def assert_as_close_as_naive(got, naive, ref, dtype, what):
-  floor = FLOOR[dtype] * _magnitude(ref)
-  err, err_naive = _max_err(got, ref), _max_err(naive, ref)
-  assert err <= 2 * err_naive + floor, (
-      f"{what}: error {err:.3g} > 2 x naive {err_naive:.3g} + floor {floor:.3g}")
-
-
-def grads(fn, qp, kp, w, val, g_out, g_lse):
-  def loss(qp, kp, w, val):
-    out, lse = fn(qp, kp, w, val)
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.sum(out.astype(jnp.float32) * g_out) + jnp.sum(lse * g_lse)
-  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(qp, kp, w, val)
+def reference(case: Case, qp, kp, w, val, kl, ql):
+  """np_additive at the case's causality with its cotangents: (out, lse, dq_proj, dk_proj,
+  dv_vec, dvalues)."""
+  return kc.np_additive(qp, kp, w, val, kl, ql, case.causal, *kc.cotangents(case))
 
 
 class _AdditiveSuite:
@@ -149,34 +56,31 @@ class _AdditiveSuite:
     return aa.additive_attention_with_lse(qp, kp, w, val, key_lengths=kl, query_lengths=ql,
                                           causal=case.causal, implementation="xla")
 
-  @pytest.mark.parametrize("case,dtype", FWD_CASES,
-                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in FWD_CASES])
+  @pytest.mark.parametrize("case,dtype", FWD_CASES, ids=kc.ids(FWD_CASES))
   def test_forward_matches_float64(self, case, dtype):
-    qp, kp, w, val, kl, ql = make_inputs(case, dtype)
-    g_out, g_lse = cotangents(case)
-    ref_out, ref_lse, *_ = np_additive(qp, kp, w, val, kl, ql, case.causal, g_out, g_lse)
+    qp, kp, w, val, kl, ql = kc.additive_inputs(case, dtype)
+    ref_out, ref_lse, *_ = reference(case, qp, kp, w, val, kl, ql)
     out, lse = self.run(case, qp, kp, w, val, kl, ql)
     assert out.shape == (case.B, case.Tq, case.H, case.dv) and out.dtype == dtype
     naive_out, naive_lse = self.naive(case, qp, kp, w, val, kl, ql)
-    assert_as_close_as_naive(out, naive_out, ref_out, dtype, "out")
-    assert_as_close_as_naive(lse, naive_lse, ref_lse, dtype, "lse")
+    kc.assert_as_close_as_naive(out, naive_out, ref_out, dtype, "out")
+    kc.assert_as_close_as_naive(lse, naive_lse, ref_lse, dtype, "lse")
     empty = np.isneginf(ref_lse)
     assert empty.any()  # every case has rows without keys
     np.testing.assert_array_equal(np.asarray(out, np.float32)[empty], 0.0)
 
-  @pytest.mark.parametrize("case,dtype", GRAD_CASES,
-                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in GRAD_CASES])
+  @pytest.mark.parametrize("case,dtype", GRAD_CASES, ids=kc.ids(GRAD_CASES))
   def test_gradients_match_float64(self, case, dtype):
-    qp, kp, w, val, kl, ql = make_inputs(case, dtype)
-    g_out, g_lse = cotangents(case)
-    _, _, *ref = np_additive(qp, kp, w, val, kl, ql, case.causal, g_out, g_lse)
-    got = grads(lambda *a: self.run(case, *a, kl, ql), qp, kp, w, val, g_out, g_lse)
-    naive = grads(lambda *a: self.naive(case, *a, kl, ql), qp, kp, w, val, g_out, g_lse)
+    qp, kp, w, val, kl, ql = kc.additive_inputs(case, dtype)
+    cts = kc.cotangents(case)
+    _, _, *ref = reference(case, qp, kp, w, val, kl, ql)
+    got = kc.loss_and_grads(lambda *a: self.run(case, *a, kl, ql), (qp, kp, w, val), *cts)
+    naive = kc.loss_and_grads(lambda *a: self.naive(case, *a, kl, ql), (qp, kp, w, val), *cts)
     for name, g, n, r, x in zip(("dq_proj", "dk_proj", "dv_vec", "dvalues"), got, naive, ref,
                                 (qp, kp, w, val)):
       assert g.shape == x.shape and g.dtype == x.dtype, name
       assert np.all(np.isfinite(np.asarray(g, np.float32))), name
-      assert_as_close_as_naive(g, n, r, dtype, name)
+      kc.assert_as_close_as_naive(g, n, r, dtype, name)
 
 
 class TestPallasAdditive(_AdditiveSuite):
@@ -196,27 +100,26 @@ class TestPallasAdditive(_AdditiveSuite):
   ], ids=["32x16x4", "16x32_bwd32x16x16"])
   def test_tile_sizes(self, blocks):
     case = CASES[1]
-    qp, kp, w, val, kl, ql = make_inputs(case, jnp.float32)
-    g_out, g_lse = cotangents(case)
-    ref = np_additive(qp, kp, w, val, kl, ql, case.causal, g_out, g_lse)
+    qp, kp, w, val, kl, ql = kc.additive_inputs(case, jnp.float32)
+    ref = reference(case, qp, kp, w, val, kl, ql)
     run = lambda *a: aa.additive_attention_with_lse(
         *a, key_lengths=kl, query_lengths=ql, causal=case.causal, implementation="pallas",
         interpret=self.INTERPRET, block_sizes=blocks)
     out, lse = run(qp, kp, w, val)
-    got = grads(run, qp, kp, w, val, g_out, g_lse)
+    got = kc.loss_and_grads(run, (qp, kp, w, val), *kc.cotangents(case))
     for x, want in zip((out, lse, *got), ref):
       np.testing.assert_allclose(np.asarray(x), want, atol=5e-5, rtol=1e-5)
 
   def test_every_output_element_is_written(self):
     case = CASES[0]
-    qp, kp, w, val, kl, ql = make_inputs(case, jnp.float32)
-    g_out, _ = cotangents(case)
-    kl_, ql_ = jnp.clip(kl, 0, case.Tk), jnp.clip(ql, 0, case.Tq)
+    qp, kp, w, val, kl, ql = kc.additive_inputs(case, jnp.float32)
+    g_out, _ = kc.cotangents(case)
     for causal in (False, True):
       def f(qp, kp, w, val, poison=True):
-        return aa._pallas_padded(qp, kp, w, val, kl_, ql_, causal=causal,
-                                 blocks=kernels.BlockSizes(block_q=16, block_k=16, block_d=8),
-                                 interpret=self.INTERPRET, poison=poison)
+        return aa.pallas_additive_attention_padded(
+            qp, kp, w, val, key_lengths=kl, query_lengths=ql, causal=causal,
+            block_sizes=kernels.BlockSizes(block_q=16, block_k=16, block_d=8),
+            interpret=self.INTERPRET, poison=poison)
       (out, lse), vjp = jax.vjp(f, qp, kp, w, val)
       assert out.shape[1] == 32 and out.shape[-1] == 32  # padded from 19 rows, 20 columns
       assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
@@ -225,6 +128,24 @@ class TestPallasAdditive(_AdditiveSuite):
         assert not np.any(np.isnan(np.asarray(x)))
       out_clean, _ = f(qp, kp, w, val, poison=False)
       np.testing.assert_array_equal(np.asarray(out), np.asarray(out_clean))
+
+  def test_same_result_with_x64_enabled(self):
+    """jax_enable_x64 makes Python ints int64: the kernels' int32 index arithmetic (loop bounds
+    from lengths and block sizes) must not mix the two, forward or backward."""
+    # Small (interpret mode is slow) but causal, masked and several tiles per axis: every loop
+    # bound of the forward, dq and dk/dv kernels is computed.
+    case = Case("x64", B=1, Tq=20, Tk=18, H=1, d=8, dv=16, causal=True, key_lengths=(13,))
+    args = kc.additive_inputs(case, jnp.float32)
+    arrays, (kl, ql) = args[:4], args[4:]
+    cts = kc.cotangents(case)
+    run = lambda *a: self.run(case, *a, kl, ql)
+    want = (*run(*arrays), *kc.loss_and_grads(run, arrays, *cts))
+    with kc.x64_enabled():
+      got = (*run(*arrays), *kc.loss_and_grads(run, arrays, *cts))
+    for name, g, x in zip(("out", "lse", "dq_proj", "dk_proj", "dv_vec", "dvalues"), got, want):
+      assert g.dtype == x.dtype, name
+      np.testing.assert_allclose(np.asarray(g), np.asarray(x), atol=1e-6, rtol=1e-6,
+                                 err_msg=name)
 
 
 class TestPallasAdditiveInterpret(TestPallasAdditive):

@@ -1,47 +1,22 @@
-"""kernels.attention (issue 3) against a float64 NumPy reference, for every implementation.
+"""kernels.attention against a float64 NumPy reference, for every implementation.
 
-Tolerance rule (as in FlashAttention's suites): in a given dtype, an implementation's error
-against float64 is at most twice the error of the naive implementation ("xla") in that same
-dtype, plus a small floor. The naive implementation itself is held to an absolute table.
+Tolerances: see tests/kernel_cases.py (at most twice the naive implementation's error plus a
+floor; the naive implementation itself against an absolute table).
 The Pallas suite runs compiled on a GPU (`TestPallasAttention`) and in interpret mode on CPU
 (`TestPallasAttentionInterpret`, the same tests with INTERPRET = True).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kernel_cases as kc
 import kernels
+from kernel_cases import Case
 from kernels import flash_attention as fa
-
-DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-# Floor added to 2x the naive error, relative to max(1, max|reference|).
-FLOOR = {jnp.float32: 1e-6, jnp.bfloat16: 2e-3, jnp.float16: 2.5e-4}
-# The naive implementation's own error bound (same scale).
-NAIVE_TOL = {jnp.float32: 1e-5, jnp.bfloat16: 3e-2, jnp.float16: 4e-3}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-  name: str
-  B: int
-  Tq: int
-  Tk: int
-  H: int
-  d: int
-  dv: int
-  causal: bool
-  key_lengths: tuple | None = None
-  query_lengths: tuple | None = None
-
-  def __str__(self):
-    return self.name
-
 
 # Sizes differ within each case so that a swapped axis changes the shapes and fails.
 CASES = [
@@ -59,90 +34,16 @@ CASES = [
     Case("single_query", B=2, Tq=1, Tk=50, H=4, d=48, dv=16, causal=False),
 ]
 # Every case in float32; the half-precision dtypes on the three cases that carry the masks.
-FWD_CASES = [(c, dt) for c in CASES for dt in DTYPES
+FWD_CASES = [(c, dt) for c in CASES for dt in kc.DTYPES
              if dt == jnp.float32 or c.name in ("cross_padded", "causal_tall", "self_causal_d128")]
 GRAD_CASES = [(c, jnp.float32) for c in CASES] + [(CASES[0], jnp.bfloat16),
                                                     (CASES[1], jnp.float16)]
 
 
-def make_inputs(case: Case, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  q = rng.standard_normal((case.B, case.Tq, case.H, case.d))
-  k = rng.standard_normal((case.B, case.Tk, case.H, case.d))
-  v = rng.standard_normal((case.B, case.Tk, case.H, case.dv))
-  q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
-  kl = None if case.key_lengths is None else jnp.asarray(case.key_lengths, jnp.int32)
-  ql = None if case.query_lengths is None else jnp.asarray(case.query_lengths, jnp.int32)
-  return q, k, v, kl, ql
-
-
-def np_attention(q, k, v, kl, ql, causal, scale, g_out, g_lse):
-  """float64 NumPy attention: (out, lse, dq, dk, dv) for loss = <out, g_out> + <lse, g_lse>.
-
-  Written from the definitions (softmax over valid keys; empty rows give 0 and lse -inf), with
-  the gradient derived by hand: dS = P o (dP - rowsum(P o dP)) + P o g_lse.
-  """
-  q, k, v, g_out = (np.asarray(x, np.float64) for x in (q, k, v, g_out))
-  B, Tq, H, _ = q.shape
-  Tk = k.shape[1]
-  kl = np.full(B, Tk) if kl is None else np.asarray(kl)
-  ql = np.full(B, Tq) if ql is None else np.asarray(ql)
-  i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
-  valid = (j < kl[:, None, None]) & (i < ql[:, None, None])  # [B, Tq, Tk]
-  if causal:
-    valid = valid & (j <= i)
-  valid = valid[:, None]  # [B, 1, Tq, Tk]
-  s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-  m = np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True)
-  m = np.where(np.isfinite(m), m, 0.0)
-  e = np.where(valid, np.exp(s - m), 0.0)
-  l = e.sum(-1, keepdims=True)
-  p = e / np.where(l > 0, l, 1.0)
-  out = np.einsum("bhqk,bkhd->bqhd", p, v)
-  with np.errstate(divide="ignore"):
-    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf)  # [B, H, Tq]
-  g_lse_h = np.swapaxes(np.asarray(g_lse, np.float64), 1, 2)  # [B, H, Tq]
-  dp = np.einsum("bqhd,bkhd->bhqk", g_out, v)
-  ds = p * (dp - np.sum(p * dp, -1, keepdims=True)) + p * g_lse_h[..., None]
-  dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
-  dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
-  dv = np.einsum("bhqk,bqhd->bkhd", p, g_out)
-  return out, np.swapaxes(lse, 1, 2), dq, dk, dv
-
-
-def _max_err(x, ref):
-  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-  both_inf = np.isneginf(x) & np.isneginf(ref)
-  diff = np.abs(np.where(both_inf, 0.0, x) - np.where(both_inf, 0.0, ref))
-  return float(np.max(diff, initial=0.0))  # NaN or a lone inf makes this NaN/inf: fails
-
-
-def _magnitude(ref):
-  return max(1.0, float(np.max(np.abs(np.where(np.isfinite(ref), ref, 0.0)), initial=0.0)))
-
-
-def assert_as_close_as_naive(got, naive, ref, dtype, what):
-  assert np.all(np.isfinite(np.asarray(got, np.float32)) | np.isneginf(ref)), f"{what}: NaN/inf"
-  floor = FLOOR[dtype] * _magnitude(ref)
-  err, err_naive = _max_err(got, ref), _max_err(naive, ref)
-  assert err <= 2 * err_naive + floor, (
-      f"{what}: error {err:.3g} > 2 x naive {err_naive:.3g} + floor {floor:.3g}")
-
-
-def loss_and_grads(fn, q, k, v, g_out, g_lse):
-  """Gradient of <out, g_out> + <lse, g_lse> (lse's -inf rows contribute nothing)."""
-  def loss(q, k, v):
-    out, lse = fn(q, k, v)
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.sum(out.astype(jnp.float32) * g_out) + jnp.sum(lse * g_lse)
-  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-
-def cotangents(case: Case, seed=1):
-  rng = np.random.default_rng(seed)
-  g_out = rng.standard_normal((case.B, case.Tq, case.H, case.dv)).astype(np.float32)
-  g_lse = rng.standard_normal((case.B, case.Tq, case.H)).astype(np.float32)
-  return jnp.asarray(g_out), jnp.asarray(g_lse)
+def reference(case: Case, q, k, v, kl, ql, scale=None):
+  """np_attention at the case's causality with its cotangents: (out, lse, dq, dk, dv)."""
+  scale = case.d ** -0.5 if scale is None else scale
+  return kc.np_attention(q, k, v, kl, ql, case.causal, scale, *kc.cotangents(case))
 
 
 class _AttentionSuite:
@@ -160,43 +61,39 @@ class _AttentionSuite:
     return fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql, causal=causal,
                                  implementation="xla")
 
-  @pytest.mark.parametrize("case,dtype", FWD_CASES,
-                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in FWD_CASES])
+  @pytest.mark.parametrize("case,dtype", FWD_CASES, ids=kc.ids(FWD_CASES))
   def test_forward_matches_float64(self, case, dtype):
-    q, k, v, kl, ql = make_inputs(case, dtype)
-    g_out, g_lse = cotangents(case)
-    ref_out, ref_lse, *_ = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, dtype)
+    ref_out, ref_lse, *_ = reference(case, q, k, v, kl, ql)
     out, lse = self.run(q, k, v, kl, ql, case.causal)
     assert out.shape == (case.B, case.Tq, case.H, case.dv) and out.dtype == dtype
     assert lse.shape == (case.B, case.Tq, case.H) and lse.dtype == jnp.float32
     naive_out, naive_lse = self.naive(q, k, v, kl, ql, case.causal)
-    assert_as_close_as_naive(out, naive_out, ref_out, dtype, "out")
-    assert_as_close_as_naive(lse, naive_lse, ref_lse, dtype, "lse")
+    kc.assert_as_close_as_naive(out, naive_out, ref_out, dtype, "out")
+    kc.assert_as_close_as_naive(lse, naive_lse, ref_lse, dtype, "lse")
     # Rows with no visible key: exactly zero output and lse = -inf, never NaN or the mean of v.
     empty = np.isneginf(ref_lse)
     np.testing.assert_array_equal(np.asarray(out, np.float32)[empty], 0.0)
     assert np.all(np.isneginf(np.asarray(lse)[empty]))
 
-  @pytest.mark.parametrize("case,dtype", GRAD_CASES,
-                           ids=[f"{c}-{jnp.dtype(d).name}" for c, d in GRAD_CASES])
+  @pytest.mark.parametrize("case,dtype", GRAD_CASES, ids=kc.ids(GRAD_CASES))
   def test_gradients_match_float64(self, case, dtype):
-    q, k, v, kl, ql = make_inputs(case, dtype)
-    g_out, g_lse = cotangents(case)
-    _, _, *ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
-    got = loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal), q, k, v, g_out,
-                         g_lse)
-    naive = loss_and_grads(lambda q, k, v: self.naive(q, k, v, kl, ql, case.causal), q, k, v,
-                           g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, dtype)
+    cts = kc.cotangents(case)
+    _, _, *ref = reference(case, q, k, v, kl, ql)
+    got = kc.loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal), (q, k, v),
+                            *cts)
+    naive = kc.loss_and_grads(lambda q, k, v: self.naive(q, k, v, kl, ql, case.causal),
+                              (q, k, v), *cts)
     for name, g, n, r, x in zip(("dq", "dk", "dv"), got, naive, ref, (q, k, v)):
       assert g.shape == x.shape and g.dtype == x.dtype, name
-      assert_as_close_as_naive(g, n, r, dtype, name)
+      kc.assert_as_close_as_naive(g, n, r, dtype, name)
 
   def test_empty_rows_have_zero_finite_gradients(self):
     case = CASES[0]  # batch 1 has no keys; rows 30.. of batch 0 are padding
-    q, k, v, kl, ql = make_inputs(case, jnp.float32)
-    g_out, g_lse = cotangents(case)
-    dq, dk, dv = loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal), q, k, v,
-                                g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
+    dq, dk, dv = kc.loss_and_grads(lambda q, k, v: self.run(q, k, v, kl, ql, case.causal),
+                                   (q, k, v), *kc.cotangents(case))
     for g in (dq, dk, dv):
       assert np.all(np.isfinite(np.asarray(g)))
     np.testing.assert_array_equal(np.asarray(dq)[1], 0.0)  # no keys: nothing to move
@@ -206,9 +103,8 @@ class _AttentionSuite:
 
   def test_default_scale_and_custom_scale(self):
     case = CASES[2]
-    q, k, v, kl, ql = make_inputs(case, jnp.float32)
-    g_out, g_lse = cotangents(case)
-    ref_out, *_ = np_attention(q, k, v, kl, ql, case.causal, 0.3, g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
+    ref_out, *_ = reference(case, q, k, v, kl, ql, scale=0.3)
     out, _ = self.run(q, k, v, kl, ql, case.causal, scale=0.3)
     np.testing.assert_allclose(np.asarray(out), ref_out, atol=2e-5)
 
@@ -231,14 +127,13 @@ class TestPallasAttention(_AttentionSuite):
   ], ids=["16x16", "32x16_bwd16x32", "64x64"])
   def test_block_sizes(self, blocks):
     case = CASES[1]
-    q, k, v, kl, ql = make_inputs(case, jnp.float32)
-    g_out, g_lse = cotangents(case)
-    ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
+    ref = reference(case, q, k, v, kl, ql)
     run = lambda q, k, v: fa.attention_with_lse(
         q, k, v, key_lengths=kl, query_lengths=ql, causal=case.causal, implementation="pallas",
         interpret=self.INTERPRET, block_sizes=blocks)
     out, lse = run(q, k, v)
-    grads = loss_and_grads(run, q, k, v, g_out, g_lse)
+    grads = kc.loss_and_grads(run, (q, k, v), *kc.cotangents(case))
     for got, want in zip((out, lse, *grads), ref):
       np.testing.assert_allclose(np.asarray(got), want, atol=3e-5, rtol=1e-5)
 
@@ -246,15 +141,15 @@ class TestPallasAttention(_AttentionSuite):
     """Outputs start as NaN (aliased poison buffers); every element, padding included, must be
     overwritten by the forward, dq and dk/dv kernels."""
     case = CASES[0]
-    q, k, v, kl, ql = make_inputs(case, jnp.float32)
-    kl_, ql_ = (jnp.clip(x, 0, t) for x, t in ((kl, case.Tk), (ql, case.Tq)))
-    g_out, _ = cotangents(case)
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
+    g_out, _ = kc.cotangents(case)
 
-    for causal_case in (False, True):
+    for causal in (False, True):
       def f(q, k, v, poison=True):
-        return fa._pallas_padded(q, k, v, kl_, ql_, causal=causal_case, scale=0.25,
-                                 blocks=kernels.BlockSizes(block_q=16, block_k=32),
-                                 interpret=self.INTERPRET, poison=poison)
+        return fa.pallas_attention_padded(
+            q, k, v, key_lengths=kl, query_lengths=ql, causal=causal, scale=0.25,
+            block_sizes=kernels.BlockSizes(block_q=16, block_k=32), interpret=self.INTERPRET,
+            poison=poison)
       (out, lse), vjp = jax.vjp(f, q, k, v)
       assert out.shape[1] == 48 and out.shape[-1] == 32  # padded from 37 rows, 24 columns
       assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
@@ -266,6 +161,23 @@ class TestPallasAttention(_AttentionSuite):
       out_clean, lse_clean = f(q, k, v, poison=False)
       np.testing.assert_array_equal(np.asarray(out), np.asarray(out_clean))
       np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_clean))
+
+  def test_same_result_with_x64_enabled(self):
+    """jax_enable_x64 makes Python ints int64: the kernels' int32 index arithmetic (loop bounds
+    from lengths and block sizes) must not mix the two, forward or backward."""
+    # Small (interpret mode is slow) but causal, masked and several tiles per axis: every loop
+    # bound of the forward, dq and dk/dv kernels is computed.
+    case = Case("x64", B=1, Tq=20, Tk=18, H=1, d=16, dv=16, causal=True, key_lengths=(13,))
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
+    cts = kc.cotangents(case)
+    run = lambda q, k, v: self.run(q, k, v, kl, ql, case.causal)
+    want = (*run(q, k, v), *kc.loss_and_grads(run, (q, k, v), *cts))
+    with kc.x64_enabled():
+      got = (*run(q, k, v), *kc.loss_and_grads(run, (q, k, v), *cts))
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+      assert g.dtype == w.dtype, name
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-6, rtol=1e-6,
+                                 err_msg=name)
 
   def test_head_dim_above_256_is_refused(self):
     q = jnp.zeros((1, 16, 1, 320), jnp.float32)
@@ -285,7 +197,7 @@ class TestBlockedAttention(_AttentionSuite):
     if jax.default_backend() != "cpu":
       pytest.skip("checks the CPU choice of 'auto'")
     case = CASES[0]
-    q, k, v, kl, ql = make_inputs(case, jnp.float32)
+    q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
     auto = fa.attention(q, k, v, key_lengths=kl, query_lengths=ql)
     blocked = fa.attention(q, k, v, key_lengths=kl, query_lengths=ql, implementation="blocked")
     np.testing.assert_array_equal(np.asarray(auto), np.asarray(blocked))
@@ -294,27 +206,24 @@ class TestBlockedAttention(_AttentionSuite):
 class TestNaiveAttention:
   """The "xla" yardstick itself, held to an absolute per-dtype table against float64."""
 
-  @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+  @pytest.mark.parametrize("dtype", kc.DTYPES, ids=lambda d: jnp.dtype(d).name)
   @pytest.mark.parametrize("case", CASES[:2], ids=str)
   def test_naive_matches_float64(self, case, dtype):
-    q, k, v, kl, ql = make_inputs(case, dtype)
-    g_out, g_lse = cotangents(case)
-    ref = np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, g_out, g_lse)
-    out, lse = fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql,
-                                     causal=case.causal, implementation="xla")
-    grads = loss_and_grads(
-        lambda q, k, v: fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql,
-                                              causal=case.causal, implementation="xla"),
-        q, k, v, g_out, g_lse)
+    q, k, v, kl, ql = kc.dot_inputs(case, dtype)
+    ref = reference(case, q, k, v, kl, ql)
+    run = lambda q, k, v: fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql,
+                                                causal=case.causal, implementation="xla")
+    out, lse = run(q, k, v)
+    grads = kc.loss_and_grads(run, (q, k, v), *kc.cotangents(case))
     for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref):
-      assert _max_err(got, want) <= NAIVE_TOL[dtype] * _magnitude(want), name
+      assert kc.max_err(got, want) <= kc.NAIVE_TOL[dtype] * kc.magnitude(want), name
 
 
 def test_agrees_with_attn_attend_scaled_dot():
   """Models switch between attn.attend(score="scaled_dot") and the kernel by a flag."""
   attend = pytest.importorskip("attn.core").attend
   case = CASES[3]
-  q, k, v, kl, ql = make_inputs(case, jnp.float32)
+  q, k, v, kl, ql = kc.dot_inputs(case, jnp.float32)
   from attn import masks
   mask = masks.padding_mask(kl, case.Tk, query_lengths=ql, Tq=case.Tq)[:, None]  # [B, 1, Tq, Tk]
   heads = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, d] -> [B, H, T, d]

@@ -1,4 +1,5 @@
-"""Benchmark of the attention kernels against the alternatives (run by experiments/bench_kernel.py).
+"""Benchmark of the attention kernels against the alternatives (entry point:
+experiments/bench_kernel.py).
 
 For each implementation x sequence length x head dim x causal x mode it (1) checks correctness
 on the device against the float32 dense reference at a small size, (2) compiles once and reads
@@ -8,7 +9,8 @@ the median over repeats cycling through several input sets, with block_until_rea
 FLOPs: dot forward 4·B·H·Tq·Tk·d; additive forward B·H·Tq·Tk·(2·d_attn + 2·dv) (tanh stage plus
 the dot stages); both halved when causal; backward 2.5x forward, so fwd_bwd is 3.5x forward.
 The matmul peak is a square matmul in the benchmark's dtype timed in the same run.
-Imports nothing beyond jax, numpy (and matplotlib, lazily, for the plot).
+Imports nothing beyond jax, numpy and the kernels (and, lazily for the plot, matplotlib through
+`attn.viz`, which needs no data extras), so it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attn import viz
+from kernels import BlockSizes
 from kernels import additive as _additive
 from kernels import flash_attention as _flash
-from kernels._common import BlockSizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +131,10 @@ ADDITIVE_IMPLS: dict[str, Callable] = {
     "naive": _ours(_additive.additive_attention, "xla"),
 }
 KERNELS = {"dot": DOT_IMPLS, "additive": ADDITIVE_IMPLS}
+# The padded Pallas entry (NaN-poisoned outputs) and the dense reference of each kernel.
+PALLAS_PADDED = {"dot": _flash.pallas_attention_padded,
+                 "additive": _additive.pallas_additive_attention_padded}
+REFERENCES = {"dot": _flash.attention_reference, "additive": _additive.additive_attention_reference}
 
 
 def _inputs(cfg: BenchConfig, T: int, d: int, seed: int, B=None, H=None):
@@ -215,19 +222,11 @@ def _poison_and_mask_check(cfg: BenchConfig, causal: bool, blocks) -> str:
   T, B, H, d = 200, 2, 2, cfg.head_dims[0]
   inputs = _inputs(cfg, T, d, seed=5, B=B, H=H)
   kl, ql = jnp.array([T - 3, 0], jnp.int32), jnp.array([150, T], jnp.int32)
-  if cfg.kernel == "dot":
-    module, blocks = _flash, blocks or _flash.GPU_BLOCKS
-    padded = lambda *a: module._pallas_padded(*a, kl, ql, causal=causal,
-                                              scale=1 / math.sqrt(d), blocks=blocks,
-                                              interpret=False, poison=True)
-    ref = module.attention(*inputs, key_lengths=kl, query_lengths=ql, causal=causal,
-                           implementation="xla")
-  else:
-    module, blocks = _additive, blocks or _additive.GPU_BLOCKS
-    padded = lambda *a: module._pallas_padded(*a, kl, ql, causal=causal, blocks=blocks,
-                                              interpret=False, poison=True)
-    ref = module.additive_attention(*inputs, key_lengths=kl, query_lengths=ql, causal=causal,
-                                    implementation="xla")
+  padded_fn, ref_fn = PALLAS_PADDED[cfg.kernel], REFERENCES[cfg.kernel]
+  # block_sizes=None: the kernel's own GPU tiles.
+  padded = lambda *a: padded_fn(*a, key_lengths=kl, query_lengths=ql, causal=causal,
+                                block_sizes=blocks, interpret=False, poison=True)
+  ref = ref_fn(*inputs, key_lengths=kl, query_lengths=ql, causal=causal)
   (out, lse), vjp = jax.vjp(padded, *inputs)
   grads = vjp((jnp.ones_like(out), jnp.zeros_like(lse)))
   for name, x in [("out", out), ("lse", lse)] + [(f"grad{n}", g) for n, g in enumerate(grads)]:
@@ -410,10 +409,8 @@ def write_outputs(result: dict, cfg: BenchConfig, command: str = "") -> list[str
   written = [stem + ".csv", stem + ".md"]
   if cfg.plot and any(r["tflops"] for r in rows):
     try:
-      import matplotlib  # pylint: disable=import-outside-toplevel
-      matplotlib.use("Agg")
-      import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    except ImportError:
+      plt = viz.pyplot()
+    except ImportError:  # matplotlib absent: the CSV and markdown still stand
       return written
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = {}

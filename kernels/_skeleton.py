@@ -1,0 +1,240 @@
+"""The skeleton every fused kernel runs through; a kernel module supplies only its score.
+
+A kernel is described once by a `KernelSpec`: its Pallas forward and backward (kernel bodies and
+BlockSpecs), the per-tile score function of the blocked and naive paths, its input checks and its
+default tiles. From the spec this module provides, the same for every kernel:
+- `pallas_padded`: pads to kernel-friendly shapes and runs the Pallas kernels under one
+  `jax.custom_vjp` (`_pallas_core`); outputs can start NaN-poisoned (tests and the benchmark's
+  device check use it to prove every element is written);
+- `check` and `dispatch`: the public wrappers' body — input checks and lengths, then the choice
+  of implementation ("pallas", "blocked", "xla"; "auto") and of tiles.
+
+Operands are named as in the blocked path, whatever the public names: q [B, Tq, H, dq],
+k [B, Tk, H, dq], v [B, Tk, H, dv], and theta, the score's per-head parameters ([H, dq]) or None.
+theta's last axis lives in the q/k feature space and is zero-padded with it.
+Static score arguments (the dot-product kernel's `scale`) travel as keyword arguments to the
+Pallas kernels (through `Config.score_kw`) and to the score function of the other paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import _common
+from kernels._common import MAX_HEAD_DIM, MIN_BLOCK, BlockSizes
+
+IMPLEMENTATIONS = ("auto", "pallas", "blocked", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Static arguments of one padded Pallas run (a custom_vjp nondiff argument: hashable)."""
+  causal: bool
+  blocks: BlockSizes  # clamped to the sequence lengths; block_d resolved
+  interpret: bool
+  poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
+  score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+  """What makes one fused kernel different from another.
+
+  forward(q, k, v, theta, kl, ql, cfg) -> (out [B, Tq_p, H, dv_p], lse [B, H, Tq_p] float32) and
+  backward(q, k, v, theta, do, lse, delta, kl, ql, cfg) -> (dq, dk, dv, dtheta) run the Pallas
+  kernels on padded operands; delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
+  score(theta, q_blk [tq, dq], k_blk [tk, dq], **score_kw) -> [tq, tk] float32: the blocked and
+  naive paths' score (differentiated by autodiff per tile).
+  check_inputs(q, k, v, theta): raises ValueError with the public argument names.
+  """
+  name: str
+  forward: Callable
+  backward: Callable
+  score: Callable
+  check_inputs: Callable
+  gpu_blocks: BlockSizes
+  interpret_blocks: BlockSizes  # interpret mode: large tiles, since grid steps are what costs
+  blocked_blocks: BlockSizes
+  min_qk_width: int = MIN_BLOCK  # q/k features are padded to a power of two >= this
+  max_qk_dim: int | None = MAX_HEAD_DIM  # None: the kernel slices q/k features by block_d
+
+  def default_blocks(self, implementation: str, interpret: bool) -> BlockSizes:
+    if implementation == "blocked":
+      return self.blocked_blocks
+    return self.interpret_blocks if interpret else self.gpu_blocks
+
+
+# ----------------------------------------------------------------------------------------------
+# Public-argument handling.
+
+
+def resolve_implementation(implementation: str) -> str:
+  """"auto" -> "pallas" on GPU, "blocked" elsewhere. Unknown names fail with the known ones."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
+  if implementation == "auto":
+    # TPU is left on the blocked path until the kernel's Mosaic TPU lowering has been validated
+    # on a TPU (the [B, T, H, d] BlockSpecs put a squeezed head axis in the second-minor position).
+    return "pallas" if jax.default_backend() == "gpu" else "blocked"
+  return implementation
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+  """Pallas runs in interpret mode on CPU (there is no CPU lowering)."""
+  if interpret is None:
+    return jax.default_backend() == "cpu"
+  return bool(interpret)
+
+
+def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
+  """The BlockSizes to use from the public arguments (block_sizes wins; block_q/k override)."""
+  if block_sizes is not None:
+    if block_q is not None or block_k is not None:
+      raise ValueError("pass either block_sizes or block_q/block_k, not both")
+    if not isinstance(block_sizes, BlockSizes):
+      raise ValueError(
+          f"block_sizes must be a kernels.BlockSizes, got {type(block_sizes).__name__}")
+    return block_sizes
+  changes = {}
+  if block_q is not None:
+    changes.update(block_q=block_q, block_q_bwd=block_q)
+  if block_k is not None:
+    changes.update(block_k=block_k, block_k_bwd=block_k)
+  return dataclasses.replace(default, **changes)
+
+
+def check_lengths(name: str, lengths, B: int, T: int):
+  """[B] int32 lengths clipped to [0, T]; T for every sequence when `lengths` is None."""
+  if lengths is None:
+    return jnp.full((B,), T, jnp.int32)
+  lengths = jnp.asarray(lengths)
+  if lengths.shape != (B,):
+    raise ValueError(f"{name} must have shape [B]=({B},), got {lengths.shape}")
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer, got {lengths.dtype}")
+  return jnp.clip(lengths.astype(jnp.int32), 0, T)
+
+
+def check(spec: KernelSpec, q, k, v, theta, key_lengths, query_lengths):
+  """The spec's input checks, then the lengths: (kl, ql), [B] int32 clipped to [0, Tk], [0, Tq]."""
+  spec.check_inputs(q, k, v, theta)
+  B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
+  return (check_lengths("key_lengths", key_lengths, B, Tk),
+          check_lengths("query_lengths", query_lengths, B, Tq))
+
+
+# ----------------------------------------------------------------------------------------------
+# The Pallas path: padding and the custom_vjp around the spec's kernels.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _pallas_core(spec: KernelSpec, cfg: Config, operands, kl, ql):
+  return tuple(spec.forward(*operands, kl, ql, cfg))
+
+
+def _pallas_core_fwd(spec, cfg, operands, kl, ql):
+  out, lse = _pallas_core(spec, cfg, operands, kl, ql)
+  return (out, lse), (operands, kl, ql, out, lse)
+
+
+def _pallas_core_bwd(spec, cfg, res, cts):
+  operands, kl, ql, out, lse = res
+  g_out, g_lse = cts
+  # delta_i = dO_i . O_i - dL/dlse_i: a cotangent on lse adds P_ij to dS_ij, i.e. shifts delta.
+  delta = jnp.einsum("bqhd,bqhd->bhq", g_out.astype(jnp.float32), out.astype(jnp.float32)) - g_lse
+  grads = spec.backward(*operands, g_out.astype(out.dtype), lse, delta, kl, ql, cfg)
+  return tuple(grads), None, None
+
+
+_pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
+
+
+def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
+                  blocks: BlockSizes | None = None, interpret: bool | None = None,
+                  poison: bool = False, **score_kw):
+  """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
+
+  Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
+  features to a power of two >= spec.min_qk_width, v's to a power of two >= 16. Zero feature
+  padding is exact for our scores (a zero column adds nothing to q·k, and tanh(0 + 0)·0 nothing
+  to the additive score); padded rows are masked by the lengths. kl, ql: [B] int32 in range.
+  blocks: default the spec's Pallas tiles. Returns the padded (out [B, Tq_p, H, dv_p],
+  lse [B, H, Tq_p]); with poison=True every output starts as NaN (unwritten elements show).
+  """
+  Tq, Tk, d, dv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
+  if dv > MAX_HEAD_DIM or (spec.max_qk_dim is not None and d > spec.max_qk_dim):
+    limit = "head dims" if spec.max_qk_dim is not None else "value head dims"
+    raise ValueError(f"the {spec.name} Pallas kernel supports {limit} up to {MAX_HEAD_DIM}, got "
+                     f"d={d}, dv={dv}; use implementation='blocked'")
+  interpret = resolve_interpret(interpret)
+  if blocks is None:
+    blocks = spec.default_blocks("pallas", interpret)
+  blocks = blocks.clamp(Tq, Tk)
+  d_p = max(spec.min_qk_width, _common.next_pow2(d))
+  blocks = dataclasses.replace(blocks, block_d=min(blocks.block_d or d_p, d_p))
+  bq, bk = max(blocks.block_q, blocks.bwd_q), max(blocks.block_k, blocks.bwd_k)
+  Tq_p, Tk_p = pl.cdiv(Tq, bq) * bq, pl.cdiv(Tk, bk) * bk
+  dv_p = max(MIN_BLOCK, _common.next_pow2(dv))
+  pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(x, 1, T), 3, width)
+  operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
+              None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
+  cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
+               score_kw=tuple(sorted(score_kw.items())))
+  return _pallas_core(spec, cfg, operands, kl, ql)
+
+
+# ----------------------------------------------------------------------------------------------
+# Implementations: each (spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw)
+# -> (out [B, Tq, H, dv] in v's dtype, lse [B, Tq, H] float32).
+
+
+def _to_heads(x):  # [B, T, H, d] -> [B, H, T, d]: the layout of the blocked and naive cores
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _impl_pallas(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
+  out, lse = pallas_padded(spec, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
+                           interpret=interpret, **score_kw)
+  Tq, dv = q.shape[1], v.shape[-1]
+  return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
+
+
+def _impl_blocked(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
+  del interpret
+  out, lse = _common.blocked_attention(
+      functools.partial(spec.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v), theta,
+      kl, ql, causal=causal, block_q=blocks.block_q, block_k=blocks.block_k)
+  return _to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
+
+
+def _impl_xla(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
+  del blocks, interpret
+  out, lse = _common.naive_attention(
+      functools.partial(spec.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v), theta,
+      kl, ql, causal=causal)
+  return _to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
+
+
+_IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _impl_xla}
+
+
+def dispatch(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
+             block_q: int | None, block_k: int | None, block_sizes: BlockSizes | None,
+             interpret: bool | None, block_d: int | None = None, **score_kw):
+  """Runs the chosen implementation on checked inputs (kl, ql from `check`); the tiles are the
+  spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes."""
+  impl = resolve_implementation(implementation)
+  interpret = resolve_interpret(interpret)
+  blocks = resolve_blocks(block_q, block_k, block_sizes, spec.default_blocks(impl, interpret))
+  if block_d is not None:
+    blocks = dataclasses.replace(blocks, block_d=block_d)
+  return _IMPLEMENTATIONS[impl](spec, q, k, v, theta, kl, ql, causal=bool(causal), blocks=blocks,
+                                interpret=interpret, score_kw=score_kw)
