@@ -69,8 +69,8 @@ def normalize(e, mask=None, kind="softmax", temperature=1.0):
 
   e: [..., Tq, Tk]; mask: bool broadcastable to e, True = may attend.
   temperature divides the scores first: -> 0 approaches a (hard) argmax, large flattens.
-  Returns weights [..., Tq, Tk] in float32 (float64 for float64 scores): masked entries exactly 0; a row with no valid entry is
-  all zeros with zero gradient.
+  Returns weights [..., Tq, Tk] in float32 (float64 for float64 scores): masked entries exactly 0;
+  a row with no valid entry is all zeros with zero gradient.
   """
   acc = accum_dtype(e)
   z = e.astype(acc) / jnp.asarray(temperature, acc)
@@ -125,8 +125,9 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   causal: query i sees keys j <= i (top-left aligned).
   scope: "global", "window" / "local_m" (half_width, positions), "local_p" (scope_params,
     half_width), "topk" (top_k), "linear".
-  Returns (context [..., Tq, dv] in v's dtype, weights [..., Tq, Tk] float32). context is
-  weights @ v accumulated in float32; a query with no valid key gets zero weights and context.
+  Returns (context [..., Tq, dv] in v's dtype, weights [..., Tq, Tk] in the accumulation dtype:
+  float32, float64 for float64 inputs). context is weights @ v accumulated in that dtype; a query
+  with no valid key gets zero weights and context.
   Linear attention returns weights=None (it never forms them).
   keys_prepared: k is already `prepare_keys(score, params, k)` (decoders do this once per source).
   key_lengths: [...] valid keys per sequence (a padding mask; combined with `mask`).

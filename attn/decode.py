@@ -198,7 +198,7 @@ def _top_k(scores, leaves, k):
 
 def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, beam_size: int,
                 length_penalty: float = 0.6, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                pad_id: int = PAD_ID) -> DecodeOutput:
+                pad_id: int = PAD_ID, early_exit: bool = True) -> DecodeOutput:
   """Beam search with the GNMT length penalty; returns the best hypothesis and the K-best list.
 
   The standard top-2K scheme (as in Flax's wmt/decode.py and T5X): at step t each of the K live
@@ -215,6 +215,10 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   one cannot beat the worst of them even in the best case (log P only falls as a hypothesis
   grows; lp is largest at T since alpha >= 0).
 
+  early_exit: stop at that bound (the default); False runs all max_len steps. Both give the same
+  result: the bound divides by lp(T), the largest penalty any continuation can get, never by the
+  current length's lp(t), which would understate what a live hypothesis can still reach.
+
   length_penalty: the GNMT alpha (0 disables it). Returns DecodeOutput for the best hypothesis
   (scores = its sum of log-probs) with `nbest` holding all K, sorted by penalized score.
   """
@@ -228,8 +232,12 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   lp_max = lp(T)
 
   def cond(c):
+    if not early_exit:
+      return c.t < T
     worst_fin = c.fin_score[:, -1]                              # [B]; -inf while a slot is empty
-    best_live = c.live_logp[:, 0] / lp_max                      # upper bound on any live future
+    # Upper bound on any live future: log P only falls and lp(n) <= lp(T) for n <= T (alpha >= 0),
+    # so log P / lp(n) <= live_logp / lp(T). Dividing by lp(t) instead would exit too early.
+    best_live = c.live_logp[:, 0] / lp_max
     done = worst_fin > best_live
     return (c.t < T) & ~jnp.all(done)
 

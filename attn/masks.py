@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from attn.precision import accum_dtype
+
 
 def lengths_to_mask(lengths, T: int):
   """Padding mask from lengths.
@@ -47,11 +49,14 @@ def window_mask(centers, Tk: int, half_width):
 
   centers: [..., Tq] int or float, the aligned source position p_t of each query.
   half_width: D; keys with |j - p_t| <= D are kept.
+  The distance is computed in accum_dtype(centers) (float32, float64 for float64 centres), so a
+  float64 p_t within 1e-9 of the window edge lands on the side float64 puts it.
   Returns: [..., Tq, Tk] bool.
   """
   centers = jnp.asarray(centers)
-  j = jnp.arange(Tk, dtype=jnp.float32)
-  return jnp.abs(j - centers[..., None].astype(jnp.float32)) <= half_width
+  acc = accum_dtype(centers)
+  j = jnp.arange(Tk, dtype=acc)
+  return jnp.abs(j - centers[..., None].astype(acc)) <= half_width
 
 
 def sliding_window_mask(Tq: int, Tk: int, half_width):
@@ -62,11 +67,14 @@ def sliding_window_mask(Tq: int, Tk: int, half_width):
 def gaussian_window(centers, Tk: int, half_width):
   """Luong et al. (2015) eq. 10 gain exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2.
 
-  centers: [..., Tq] float.  Returns: [..., Tq, Tk] float32.
+  centers: [..., Tq] float.  Returns: [..., Tq, Tk] in accum_dtype(centers) (float32, or
+  float64 for float64 centres).
   """
+  centers = jnp.asarray(centers)
+  acc = accum_dtype(centers)
   sigma = half_width / 2.0
-  s = jnp.arange(Tk, dtype=jnp.float32)
-  d = s - jnp.asarray(centers, jnp.float32)[..., None]
+  s = jnp.arange(Tk, dtype=acc)
+  d = s - centers.astype(acc)[..., None]
   return jnp.exp(-(d * d) / (2.0 * sigma * sigma))
 
 

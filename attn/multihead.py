@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from attn import core
+from attn.precision import accum_dtype
 
 _F32 = jnp.float32
 
@@ -60,8 +61,10 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   key_lengths: [...] valid keys per sequence (padding; combined with mask).
   fused: all heads through the score's fused kernel in one call: O(T) memory for long
     sequences, weights=None; needs padding as key_lengths rather than a mask.
-  Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] float32 per head;
-  None for linear attention and fused=True).
+  Projections, scores, softmaxes and the output projection accumulate in accum_dtype: float32,
+  or float64 for float64 inputs (which stay float64-accurate end to end).
+  Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] per head in the
+  accumulation dtype; None for linear attention and fused=True).
   """
   x_kv = x_q if x_kv is None else x_kv
   if params["wq"].shape[1] != num_heads:
@@ -69,8 +72,10 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   for name, x, w in (("x_q", x_q, params["wq"]), ("x_kv", x_kv, params["wk"])):
     if x.shape[-1] != w.shape[0]:
       raise ValueError(f"{name} has feature size {x.shape[-1]}, params expect {w.shape[0]}")
+  # Accumulate in accum_dtype(x) (float64 for float64 x: a float32 accumulator would make the
+  # cast back a mere relabelling of float32-accurate values), then return to x's dtype.
   proj = lambda x, w: jnp.einsum("...td,dhe->...hte", x, w.astype(x.dtype),
-                                 preferred_element_type=_F32).astype(x.dtype)
+                                 preferred_element_type=accum_dtype(x)).astype(x.dtype)
   q, k, v = proj(x_q, params["wq"]), proj(x_kv, params["wk"]), proj(x_kv, params["wv"])  # [..., H, T, dh]
   score_params, scope_params = params.get("score"), params.get("scope")
 
@@ -98,6 +103,6 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
         out_axes=-3,  # the mask is shared by every head
     )(score_params, scope_params, q, k, v, mask)  # ctx [..., H, Tq, dh], w [..., H, Tq, Tk]
   out = jnp.einsum("...hte,hed->...td", ctx, params["wo"].astype(ctx.dtype),
-                   preferred_element_type=_F32)
+                   preferred_element_type=accum_dtype(ctx))  # [..., Tq, d_out]
   return out.astype(x_q.dtype), w
 

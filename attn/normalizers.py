@@ -1,10 +1,11 @@
 """Normalizers: scores -> attention weights along the key axis.
 
-Every normalizer here has the signature `fn(z, mask) -> weights` with z: [..., Tq, Tk] float32
-(scores already divided by the temperature) and mask: bool broadcast to z's shape. Contract:
+Every normalizer here has the signature `fn(z, mask) -> weights` with z: [..., Tq, Tk] in the
+accumulation dtype (float32, or float64 for float64 scores; already divided by the temperature)
+and mask: bool broadcast to z's shape. Contract:
 - masked positions get exactly 0;
 - a row with no valid position is all zeros, and its gradient is zero (never NaN, never uniform);
-- computation is in float32 whatever the input dtype.
+- computation is in z's dtype: float32 whatever the input dtype, float64 for float64 scores.
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ import jax.numpy as jnp
 
 from attn.registry import register
 
-_NEG = jnp.finfo(jnp.float32).min
+
+def _neg(z):
+  """The most negative finite value of z's dtype: a filler below every valid score. (A float32
+  filler would sit above float64 scores under -3.4e38, e.g. at a small temperature, and make
+  the row max -- hence every weight of the row -- wrong.)"""
+  return jnp.finfo(z.dtype).min
 
 
 def _row_max(z, mask):
   """Max over valid entries ([..., 1]); finite for fully masked rows. Shift only, so no gradient."""
-  return jax.lax.stop_gradient(jnp.max(jnp.where(mask, z, _NEG), axis=-1, keepdims=True))
+  return jax.lax.stop_gradient(jnp.max(jnp.where(mask, z, _neg(z)), axis=-1, keepdims=True))
 
 
 @register("normalizer", "softmax")
 def softmax(z, mask):
   """Softmax over valid keys; exact zeros elsewhere."""
-  ex = jnp.where(mask, jnp.exp(jnp.where(mask, z, _NEG) - _row_max(z, mask)), 0.0)  # [..., Tq, Tk]
+  ex = jnp.where(mask, jnp.exp(jnp.where(mask, z, _neg(z)) - _row_max(z, mask)), 0.0)  # [..., Tq, Tk]
   denom = jnp.sum(ex, axis=-1, keepdims=True)
   return ex / jnp.where(denom > 0, denom, 1.0)
 

@@ -64,7 +64,8 @@ def local_p_positions(params, q, source_lengths):
   """Luong eq. 9: p_t = S * sigmoid(v_p^T tanh(W_p h_t)).
 
   q: [..., Tq, dq]; source_lengths: [..., Tq] or broadcastable, S per query row.
-  Returns: [..., Tq] float32 predicted positions in [0, S].
+  Returns: [..., Tq] predicted positions in [0, S], in accum_dtype(q) (float64 for float64 q,
+  so the window edge and the Gaussian below are float64-accurate too).
   """
   h = jnp.tanh(jnp.einsum("...qd,da->...qa", q, params["W_p"].astype(q.dtype),
                           preferred_element_type=accum_dtype(q)))
@@ -73,7 +74,10 @@ def local_p_positions(params, q, source_lengths):
 
 @register("scope", "local_p", init=init_local_p)
 def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
-  """Luong local-p: predicted centre p_t, window |s - p_t| <= D, weights times a Gaussian (sigma=D/2)."""
+  """Luong local-p: predicted centre p_t, window |s - p_t| <= D, weights times a Gaussian (sigma=D/2).
+
+  The window and the Gaussian are computed in p_t's dtype (accum_dtype(q)), not float32.
+  """
   D = _need("local_p", "half_width", half_width)
   if params is None:
     raise ValueError("scope 'local_p' needs scope_params (see attn.init_scope('local_p', ...))")

@@ -12,6 +12,51 @@ def f64(x):
   return np.asarray(x, dtype=np.float64)
 
 
+# ---------------------------------------------------------------- masks, built here (never taken
+# from attn.masks, so a boundary mistake there cannot hide in the reference too)
+
+def lengths_mask(lengths, T):
+  """[..., T] bool, True at positions j < length, by a loop over every position."""
+  lengths = np.asarray(lengths)
+  out = np.zeros(lengths.shape + (T,), bool)
+  for idx in np.ndindex(lengths.shape):
+    for j in range(T):
+      out[idx + (j,)] = j < lengths[idx]
+  return out
+
+
+def attention_mask(Tq, Tk, *, key_lengths=None, causal=False, lead=()):
+  """[*lead, Tq, Tk] bool from key lengths ([*lead]) and top-left causal masking, loop by loop."""
+  out = np.ones(tuple(lead) + (Tq, Tk), bool)
+  for idx in np.ndindex(tuple(lead)):
+    for i in range(Tq):
+      for j in range(Tk):
+        ok = True
+        if key_lengths is not None:
+          ok = ok and j < np.asarray(key_lengths)[idx]
+        if causal:
+          ok = ok and j <= i
+        out[idx + (i, j)] = ok
+  return out
+
+
+def window_mask(centers, Tk, half_width):
+  """[..., Tq, Tk] bool: |j - p_i| <= D, in float64."""
+  centers = f64(centers)
+  out = np.zeros(centers.shape + (Tk,), bool)
+  for idx in np.ndindex(centers.shape):
+    for j in range(Tk):
+      out[idx + (j,)] = abs(j - centers[idx]) <= half_width
+  return out
+
+
+def gaussian_window(centers, Tk, half_width):
+  """[..., Tq, Tk] float64 Luong eq. 10 gain exp(-(s - p)^2 / (2 sigma^2)), sigma = D / 2."""
+  sigma = half_width / 2.0
+  d = np.arange(Tk, dtype=np.float64) - f64(centers)[..., None]
+  return np.exp(-d * d / (2.0 * sigma * sigma))
+
+
 # ---------------------------------------------------------------- scores: [..., Tq, Tk]
 
 def dot(params, q, k):
@@ -151,8 +196,39 @@ def local_p(params, q, mask, half_width):
   h = np.tanh(q @ f64(params["W_p"])) @ f64(params["v_p"])
   p = S / (1.0 + np.exp(-h))
   Tk = np.shape(mask)[-1]
-  s = np.arange(Tk, dtype=np.float64)
-  win = np.abs(s - p[..., None]) <= half_width
-  sigma = half_width / 2.0
-  gain = np.exp(-((s - p[..., None]) ** 2) / (2 * sigma**2))
-  return p, np.asarray(mask) & win, gain
+  return p, np.asarray(mask) & window_mask(p, Tk, half_width), gaussian_window(p, Tk, half_width)
+
+
+def multihead(params, x_q, x_kv, num_heads, score="scaled_dot", *, key_lengths=None,
+              causal=False):
+  """Multi-head attention in float64, head by head: project, score, softmax over the keys this
+  reference masks itself (key_lengths, causal), weighted sum, output projection summed over heads.
+
+  x_q: [B, Tq, d], x_kv: [B, Tk, d_kv]; params as attn.init_multihead. Returns (out [B, Tq, d_out],
+  weights [B, H, Tq, Tk]).
+  """
+  x_q, x_kv = f64(x_q), f64(x_kv)
+  B, Tq, Tk = x_q.shape[0], x_q.shape[-2], x_kv.shape[-2]
+  m = attention_mask(Tq, Tk, key_lengths=key_lengths, causal=causal, lead=(B,))
+  out, weights = 0.0, []
+  for h in range(num_heads):
+    q = x_q @ f64(params["wq"])[:, h]  # [B, Tq, dh]
+    k = x_kv @ f64(params["wk"])[:, h]
+    v = x_kv @ f64(params["wv"])[:, h]
+    sp = None if "score" not in params else {n: np.asarray(p)[h] for n, p in params["score"].items()}
+    ctx, w = attend(SCORES[score](sp, q, k), v, m)
+    out = out + ctx @ f64(params["wo"])[h]
+    weights.append(w)
+  return out, np.stack(weights, axis=-3)
+
+
+def numeric_grad(f, x, eps=1e-6):
+  """d f(x) / dx of a scalar float64 function by central differences, entry by entry."""
+  x = f64(x)
+  g = np.zeros_like(x)
+  for idx in np.ndindex(x.shape):
+    hi, lo = x.copy(), x.copy()
+    hi[idx] += eps
+    lo[idx] -= eps
+    g[idx] = (f(hi) - f(lo)) / (2 * eps)
+  return g

@@ -24,16 +24,20 @@ def _qkv(lead=(2,), Tq=5, Tk=7, dq=6, dk=6, dv=3, seed=0, dtype=jnp.float32):
 
 @pytest.mark.parametrize("score,normalizer", list(itertools.product(SCORES, NORMALIZERS)))
 def test_attend_matches_numpy_with_padding(score, normalizer):
-  q, k, v = _qkv(lead=(3,), Tq=5, Tk=7)
+  q, k, v = _qkv(lead=(4,), Tq=5, Tk=7)
   params = attn.init_score(score, jax.random.PRNGKey(1), 6, 6, d_attn=4, max_len=9)
-  mask = attn.masks.padding_mask(jnp.array([7, 3, 0]), 7)  # [3, 1, 7]; the last has no keys
+  # Lengths strictly inside (0, Tk) catch an off-by-one at the padding boundary; the last row
+  # has no keys. The reference builds its own mask from the lengths.
+  lengths = [1, 6, 3, 0]
+  mask = attn.masks.padding_mask(jnp.array(lengths), 7)  # [4, 1, 7]
   ctx, w = attn.attend(params, q, k, v, score=score, normalizer=normalizer, mask=mask,
                        temperature=0.7)
   e = ref.SCORES[score](params, q, k)
-  ctx_ref, w_ref = ref.attend(e, v, mask, normalizer, temperature=0.7)
+  m_ref = ref.attention_mask(5, 7, key_lengths=lengths, lead=(4,))
+  ctx_ref, w_ref = ref.attend(e, v, m_ref, normalizer, temperature=0.7)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
-  assert (np.asarray(ctx[2]) == 0).all()
+  assert (np.asarray(ctx[3]) == 0).all()
 
 
 def test_causal_is_top_left_aligned_for_cross_attention():
@@ -78,11 +82,12 @@ def test_local_p_hand_computed_centre_window_and_gaussian():
 
 
 def test_local_p_matches_numpy_and_trains_its_position_predictor():
-  q, k, v = _qkv(lead=(2,), Tq=4, Tk=9)
+  q, k, v = _qkv(lead=(3,), Tq=4, Tk=9)
   sp = attn.init_scope("local_p", jax.random.PRNGKey(3), 6, d_attn=5)
-  mask = attn.masks.padding_mask(jnp.array([9, 5]), 9)
+  lengths = [1, 8, 4]
+  mask = attn.masks.padding_mask(jnp.array(lengths), 9)
   ctx, w = attn.attend(None, q, k, v, mask=mask, scope="local_p", scope_params=sp, half_width=2)
-  _, m, gain = ref.local_p(sp, q, np.broadcast_to(mask, (2, 4, 9)), 2)
+  _, m, gain = ref.local_p(sp, q, ref.attention_mask(4, 9, key_lengths=lengths, lead=(3,)), 2)
   ctx_ref, w_ref = ref.attend(ref.dot(None, q, k), v, m, gain=gain)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
@@ -94,11 +99,11 @@ def test_local_p_matches_numpy_and_trains_its_position_predictor():
 @pytest.mark.parametrize("top_k", [1, 3, 20])
 def test_topk_matches_naive_selection(top_k):
   q, k, v = _qkv(lead=(2,), Tq=5, Tk=8)
-  mask = attn.masks.padding_mask(jnp.array([8, 2]), 8)
-  ctx, w = attn.attend(None, q, k, v, mask=mask, scope="topk", top_k=top_k)
+  lengths = [7, 2]
+  ctx, w = attn.attend(None, q, k, v, key_lengths=jnp.array(lengths), scope="topk", top_k=top_k)
   e = ref.dot(None, q, k)
-  m = ref.topk_mask(e, np.broadcast_to(mask, e.shape), top_k)
-  assert (m.sum(-1) == np.minimum(top_k, [[8], [2]])).all()
+  m = ref.topk_mask(e, ref.attention_mask(5, 8, key_lengths=lengths, lead=(2,)), top_k)
+  assert (m.sum(-1) == np.minimum(top_k, [[7], [2]])).all()
   ctx_ref, w_ref = ref.attend(e, v, m)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
@@ -107,15 +112,14 @@ def test_topk_matches_naive_selection(top_k):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Tq,Tk", [(5, 7), (7, 4), (6, 6)])
 def test_linear_attention_matches_its_weight_matrix_definition(causal, Tq, Tk):
-  q, k, v = _qkv(lead=(3,), Tq=Tq, Tk=Tk)
-  lengths = jnp.array([Tk, 2, 0])
-  mask = attn.masks.padding_mask(lengths, Tk)
+  q, k, v = _qkv(lead=(4,), Tq=Tq, Tk=Tk)
+  lengths = [Tk - 1, 1, Tk // 2, 0]
+  mask = attn.masks.padding_mask(jnp.array(lengths), Tk)
   ctx, w = attn.attend(None, q, k, v, mask=mask, scope="linear", causal=causal)
   assert w is None
-  expected = ref.linear_attention(q, k, v, np.asarray(attn.masks.lengths_to_mask(lengths, Tk)),
-                                  causal=causal)
+  expected = ref.linear_attention(q, k, v, ref.lengths_mask(lengths, Tk), causal=causal)
   np.testing.assert_allclose(ctx, expected, rtol=1e-5, atol=1e-5)
-  assert (np.asarray(ctx[2]) == 0).all()
+  assert (np.asarray(ctx[3]) == 0).all()
 
 
 def test_linear_attention_refuses_per_query_masks_and_parametric_scores():
@@ -237,3 +241,101 @@ def test_fused_attend_refuses_what_the_kernels_cannot_do(kwargs):
   params = attn.init_score(kwargs.get("score", "dot"), jax.random.PRNGKey(1), 6, 6)
   with pytest.raises(ValueError, match="fused attention supports"):
     attn.attend(params, q, k, v, fused=True, **kwargs)
+
+
+# ----------------------------------------------------------------------------- masks and precision
+
+def test_masks_match_numpy_loops_at_the_length_boundary():
+  """Lengths strictly inside (0, T): an off-by-one at the padding boundary changes the mask."""
+  T, Tq = 7, 5
+  lengths, q_lengths = np.array([1, T - 1, T // 2]), np.array([Tq - 1, 1, 2])
+  np.testing.assert_array_equal(attn.masks.lengths_to_mask(jnp.asarray(lengths), T),
+                                ref.lengths_mask(lengths, T))
+  pm = attn.masks.padding_mask(jnp.asarray(lengths), T, query_lengths=jnp.asarray(q_lengths), Tq=Tq)
+  expected = (ref.attention_mask(Tq, T, key_lengths=lengths, lead=(3,))
+              & ref.lengths_mask(q_lengths, Tq)[..., None])
+  np.testing.assert_array_equal(pm, expected)
+  np.testing.assert_array_equal(attn.masks.causal_mask(Tq, T), ref.attention_mask(Tq, T, causal=True))
+  # attend's own key_lengths path, with causal masking on top.
+  q, k, v = _qkv(lead=(3,), Tq=Tq, Tk=T)
+  _, w = attn.attend(None, q, k, v, key_lengths=jnp.asarray(lengths), causal=True)
+  np.testing.assert_array_equal(
+      np.asarray(w) > 0, ref.attention_mask(Tq, T, key_lengths=lengths, causal=True, lead=(3,)))
+
+
+def test_window_mask_and_gaussian_are_float64_accurate_at_the_window_edge():
+  """Centres 5 +- 1e-9 with D = 2 put keys 3 and 7 within 1e-9 of the window edge: in float32
+  both centres round to 5.0 and both keys land inside."""
+  with jax.enable_x64(True):
+    centers = np.array([[5.0 + 1e-9, 5.0 - 1e-9, np.e, 7.25]])  # [1, Tq = 4]
+    Tk, D = 11, 2.0
+    m = np.asarray(attn.masks.window_mask(jnp.asarray(centers), Tk, D))
+    np.testing.assert_array_equal(m, ref.window_mask(centers, Tk, D))
+    assert not m[0, 0, 3] and m[0, 0, 7] and m[0, 1, 3] and not m[0, 1, 7]
+    g = attn.masks.gaussian_window(jnp.asarray(centers), Tk, D)
+    assert g.dtype == jnp.float64
+    np.testing.assert_allclose(g, ref.gaussian_window(centers, Tk, D), rtol=1e-12, atol=0)
+    # local-m takes float positions through the same window.
+    q, k, v = _qkv(lead=(), Tq=4, Tk=Tk, dtype=jnp.float64)
+    _, w = attn.attend(None, q, k, v, scope="local_m", half_width=D, positions=jnp.asarray(centers[0]))
+    np.testing.assert_array_equal(np.asarray(w) > 0, ref.window_mask(centers[0], Tk, D))
+
+
+def test_local_p_in_float64_matches_numpy_including_a_key_at_the_window_edge():
+  with jax.enable_x64(True):
+    q, k, v = _qkv(lead=(3,), Tq=4, Tk=9, dtype=jnp.float64)
+    sp = attn.init_scope("local_p", jax.random.PRNGKey(3), 6, d_attn=5)
+    lengths = [1, 8, 4]
+    m0 = ref.attention_mask(4, 9, key_lengths=lengths, lead=(3,))
+    p, _, _ = ref.local_p(sp, q, m0, 2.0)
+    # A half-width that puts valid key j0 of row (1, 0) 1e-10 from the window edge, on the side
+    # opposite to where float32 rounding of p_t would move it.
+    b, i = 1, 0
+    j0 = int(np.round(p[b, i])) + (2 if p[b, i] < 4 else -2)
+    d64 = abs(j0 - p[b, i])
+    d32 = abs(j0 - np.float64(np.float32(p[b, i])))
+    inside = d32 > d64
+    D = float(d64 + (1e-10 if inside else -1e-10))
+    ctx, w = attn.attend(None, q, k, v, key_lengths=jnp.asarray(lengths), scope="local_p",
+                         scope_params=sp, half_width=D)
+    _, m, gain = ref.local_p(sp, q, m0, D)
+    assert m[b, i, j0] == inside
+    ctx_ref, w_ref = ref.attend(ref.dot(None, q, k), v, m, gain=gain)
+    assert ctx.dtype == w.dtype == jnp.float64
+    np.testing.assert_array_equal(np.asarray(w) > 0, m)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_additive_attend_with_nonzero_bias_matches_numpy_in_value_and_gradient(fused):
+  """init_additive sets b = 0, so only a test with a random b sees how b enters the score."""
+  q, k, v = _qkv(lead=(3,), Tq=4, Tk=5, dq=6, dk=6, dv=3)
+  params = attn.init_score("additive", jax.random.PRNGKey(1), 6, 6, d_attn=4)
+  params["b"] = jax.random.normal(jax.random.PRNGKey(2), (4,))
+  lengths = [1, 4, 2]
+  m = ref.attention_mask(4, 5, key_lengths=lengths, lead=(3,))
+  cot = np.random.default_rng(0).normal(size=(3, 4, 3))
+
+  def loss(p, q, k, v):
+    ctx, _ = attn.attend(p, q, k, v, score="additive", key_lengths=jnp.asarray(lengths),
+                         temperature=0.7, fused=fused)
+    return jnp.sum(ctx * cot), ctx
+
+  def ref_loss(p, q, k, v):
+    return np.sum(ref.attend(ref.additive(p, q, k), v, m, temperature=0.7)[0] * cot)
+
+  (_, ctx), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(params, q, k, v)
+  ctx_ref, _ = ref.attend(ref.additive(params, q, k), v, m, temperature=0.7)
+  np.testing.assert_allclose(ctx, ctx_ref, rtol=1e-5, atol=1e-5)
+  ctx_b0, _ = ref.attend(ref.additive(params | {"b": np.zeros(4)}, q, k), v, m, temperature=0.7)
+  assert np.abs(ctx_ref - ctx_b0).max() > 1e-2  # the bias matters for this case
+  args = [jax.tree.map(np.asarray, params), np.asarray(q), np.asarray(k), np.asarray(v)]
+  for name in ("b", "W", "U", "v"):
+    fn = lambda x, name=name: ref_loss(args[0] | {name: x}, *args[1:])
+    np.testing.assert_allclose(grads[0][name], ref.numeric_grad(fn, args[0][name]),
+                               rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+  for a, (name, g) in enumerate(zip("qkv", grads[1:]), start=1):
+    fn = lambda x, a=a: ref_loss(*args[:a], x, *args[a + 1:])
+    np.testing.assert_allclose(g, ref.numeric_grad(fn, args[a]), rtol=1e-4, atol=1e-5,
+                               err_msg=f"d/d{name}")

@@ -1,5 +1,7 @@
 """Seq2seq models: every decoder's shapes and masks, padding invariance, teacher forcing = stepping."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,3 +128,62 @@ def test_fused_and_unfused_luong_paths_agree_in_value_and_gradient(score):
   grads = lambda m: nnx.grad(lambda m: jnp.sum(m(batch)[0] ** 2))(m)
   for ga, gb in zip(jax.tree.leaves(grads(unfused)), jax.tree.leaves(grads(fused))):
     np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- label smoothing
+
+def _np_losses(logits, tgt, lengths, a):
+  """(smoothed token-loss sum, tokens, NLL sum) in float64 NumPy, with uniform smoothing over the
+  V classes as optax.smooth_labels: targets (1 - a) onehot + a / V; padded positions left out."""
+  logits = np.asarray(logits, np.float64)
+  B, T, V = logits.shape
+  smoothed = ntok = nll = 0.0
+  for b in range(B):
+    for t in range(int(lengths[b])):
+      z = logits[b, t] - logits[b, t].max()
+      logp = z - np.log(np.exp(z).sum())
+      y = np.full(V, a / V)
+      y[int(tgt[b, t])] += 1.0 - a
+      smoothed += -(y * logp).sum()
+      nll += -logp[int(tgt[b, t])]
+      ntok += 1
+  return smoothed, ntok, nll
+
+
+@pytest.mark.parametrize("a", [0.1, 0.3])
+def test_sequence_loss_label_smoothing_matches_numpy(a):
+  from attn.models import sequence_loss
+  batch = _batch(B=3, Tt=5, tgt_lengths=(5, 2, 1))
+  logits = 3.0 * jax.random.normal(jax.random.PRNGKey(0), (3, 5, V_TGT))
+  total, ntok, nll = sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], a)
+  total_ref, ntok_ref, nll_ref = _np_losses(logits, batch["tgt"], batch["tgt_lengths"], a)
+  assert float(ntok) == ntok_ref == 8
+  np.testing.assert_allclose(total, total_ref, rtol=1e-5)
+  np.testing.assert_allclose(nll, nll_ref, rtol=1e-5)
+  total0, _, nll0 = sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], 0.0)
+  np.testing.assert_allclose(total0, nll_ref, rtol=1e-5)  # no smoothing: the NLL itself
+  np.testing.assert_allclose(nll0, nll, rtol=1e-6)
+  assert abs(float(total) - float(total0)) > 1e-3 * float(total0)
+
+
+def test_train_step_applies_label_smoothing():
+  """The reported `loss` of one train step is the smoothed loss of the model's logits (as NumPy
+  computes it) and `nll` the unsmoothed one; smoothing 0 and 0.3 differ."""
+  import optax
+  from flax import nnx
+  from attn import training
+  model = build_model(_cfg(decoder="none"))  # smoothing is decoder-independent; this one is cheap
+  batch = _batch(B=3, Tt=6, tgt_lengths=(6, 3, 2))
+  logits, _ = model(batch)
+  graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(0.0), wrt=nnx.Param)))
+  task = training.get_task("translate")
+  reported = {}
+  for a in (0.0, 0.3):
+    step = jax.jit(functools.partial(training.train_step, task, graphdef, label_smoothing=a))
+    _, metrics = step(state, batch, jax.random.PRNGKey(0))
+    total_ref, ntok_ref, nll_ref = _np_losses(logits, batch["tgt"], batch["tgt_lengths"], a)
+    np.testing.assert_allclose(metrics["loss"], total_ref / ntok_ref, rtol=1e-5, err_msg=f"a={a}")
+    np.testing.assert_allclose(metrics["nll"], nll_ref / ntok_ref, rtol=1e-5, err_msg=f"a={a}")
+    assert float(metrics["tokens"]) == ntok_ref
+    reported[a] = float(metrics["loss"])
+  assert abs(reported[0.3] - reported[0.0]) > 1e-2

@@ -9,48 +9,48 @@ import attn
 import np_reference as ref
 
 
-def _naive_multihead(params, x_q, x_kv, num_heads, score, mask=None, causal=False):
-  f = lambda a: np.asarray(a, np.float64)
-  outs, weights = 0.0, []
-  for h in range(num_heads):
-    q = f(x_q) @ f(params["wq"])[:, h]
-    k = f(x_kv) @ f(params["wk"])[:, h]
-    v = f(x_kv) @ f(params["wv"])[:, h]
-    sp = None if "score" not in params else jax.tree.map(lambda p: p[h], params["score"])
-    e = ref.SCORES[score](sp, q, k)
-    m = np.ones(e.shape, bool) if mask is None else np.broadcast_to(mask, e.shape)
-    if causal:
-      m = m & np.tril(np.ones(e.shape[-2:], bool))
-    ctx, w = ref.attend(e, v, m)
-    outs = outs + ctx @ f(params["wo"])[h]
-    weights.append(w)
-  return outs, np.stack(weights, axis=-3)
-
-
 @pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_matches_per_head_loop(score, causal):
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 12))
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 12))
   params = attn.init_multihead(jax.random.PRNGKey(1), 12, 3, score=score, d_attn=4)
-  mask = attn.masks.padding_mask(jnp.array([5, 3]), 5)
+  lengths = [1, 4, 2]  # strictly inside (0, T): padding off-by-ones show
+  mask = attn.masks.padding_mask(jnp.array(lengths), 5)
   out, w = attn.multihead(params, x, num_heads=3, score=score, mask=mask, causal=causal)
-  out_ref, w_ref = _naive_multihead(params, x, x, 3, score, mask, causal)
-  assert out.shape == (2, 5, 12) and w.shape == (2, 3, 5, 5)
+  out_ref, w_ref = ref.multihead(params, x, x, 3, score, key_lengths=lengths, causal=causal)
+  assert out.shape == (3, 5, 12) and w.shape == (3, 3, 5, 5)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(out, out_ref, rtol=1e-4, atol=1e-5)
 
 
 def test_cross_attention_with_different_sizes():
-  x_q = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 8))
-  x_kv = jax.random.normal(jax.random.PRNGKey(1), (2, 7, 10))
+  x_q = jax.random.normal(jax.random.PRNGKey(0), (3, 4, 8))
+  x_kv = jax.random.normal(jax.random.PRNGKey(1), (3, 7, 10))
   params = attn.init_multihead(jax.random.PRNGKey(2), 8, 2, d_kv=10, d_head=5, d_out=6)
-  mask = attn.masks.padding_mask(jnp.array([7, 0]), 7)
-  out, w = attn.multihead(params, x_q, x_kv, num_heads=2, mask=mask)
-  out_ref, w_ref = _naive_multihead(params, x_q, x_kv, 2, "scaled_dot", mask)
-  assert out.shape == (2, 4, 6) and w.shape == (2, 2, 4, 7)
+  lengths = [6, 0, 3]
+  out, w = attn.multihead(params, x_q, x_kv, num_heads=2, key_lengths=jnp.array(lengths))
+  out_ref, w_ref = ref.multihead(params, x_q, x_kv, 2, key_lengths=lengths)
+  assert out.shape == (3, 4, 6) and w.shape == (3, 2, 4, 7)
   np.testing.assert_allclose(out, out_ref, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
   assert (np.asarray(out[1]) == 0).all()
+
+
+@pytest.mark.parametrize("score,causal", [("scaled_dot", False), ("additive", True)])
+def test_float64_inputs_are_float64_accurate(score, causal):
+  """float64 in, float64-accurate out: projections and the output projection accumulate in
+  float64 (not float32 relabelled as float64). Cross-attention, Tq != Tk, padded keys."""
+  with jax.enable_x64(True):
+    x_q = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 12), jnp.float64)
+    x_kv = jax.random.normal(jax.random.PRNGKey(1), (3, 6, 10), jnp.float64)
+    params = attn.init_multihead(jax.random.PRNGKey(2), 12, 3, d_kv=10, score=score, d_attn=4)
+    lengths = [1, 5, 3]
+    out, w = attn.multihead(params, x_q, x_kv, num_heads=3, score=score, causal=causal,
+                            key_lengths=jnp.array(lengths))
+    out_ref, w_ref = ref.multihead(params, x_q, x_kv, 3, score, key_lengths=lengths, causal=causal)
+    assert out.dtype == w.dtype == jnp.float64
+    np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(out, out_ref, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("scope,opts", [("local_p", {"half_width": 2}), ("linear", {}),

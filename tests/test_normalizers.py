@@ -140,3 +140,24 @@ def test_bad_mask_errors():
     attn.normalize(jnp.ones((2, 3)), jnp.ones((2, 4), bool))
   with pytest.raises(KeyError, match="softmax"):
     attn.normalize(jnp.ones((2, 3)), kind="softermax")
+
+
+@pytest.mark.parametrize("kind", NORMALIZERS)
+def test_float64_scores_are_float64_accurate(kind):
+  with jax.enable_x64(True):
+    e, mask = _scores_and_mask((3, 4, 7), seed=11)
+    e = e.astype(jnp.float64)
+    w = attn.normalize(e, mask, kind=kind, temperature=0.3)
+    assert w.dtype == jnp.float64
+    np.testing.assert_allclose(w, ref.NORMALIZERS[kind](e / 0.3, mask), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", NORMALIZERS)
+def test_float64_tiny_temperature_with_masked_keys_gives_the_argmax(kind):
+  """float64 scores divided by a tiny temperature fall below float32's most negative value: the
+  filler for masked keys must be float64's, else it wins the row max and the row comes out zero."""
+  with jax.enable_x64(True):
+    e = jnp.array([[-1.0, -2.0, -0.5, -3.0], [-2.0, 7.0, -1.0, -4.0]], jnp.float64)
+    mask = jnp.array([[True, True, False, True], [True, False, True, True]])
+    w = attn.normalize(e, mask, kind=kind, temperature=1e-40)
+    np.testing.assert_array_equal(w, [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])

@@ -52,6 +52,28 @@ def test_score_gradients(name):
     check_grads(f, (params, q, k), order=2, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
+def test_additive_with_nonzero_bias_matches_numpy_in_value_and_gradient():
+  """init_additive sets b = 0: only a random b shows where (and whether) it enters the score."""
+  params, q, k = _inputs("additive", (2,), 4, 3)
+  params["b"] = jax.random.normal(jax.random.PRNGKey(5), (3,))
+  cot = np.random.default_rng(1).normal(size=(2, 4, 3))
+  e = attn.score("additive", params, q, k)
+  e_ref = ref.additive(params, q, k)
+  np.testing.assert_allclose(e, e_ref, rtol=TOL[jnp.float32], atol=TOL[jnp.float32])
+  assert np.abs(e_ref - ref.additive(params | {"b": np.zeros(3)}, q, k)).max() > 1e-2
+  grads = jax.grad(lambda p, q, k: jnp.sum(attn.score("additive", p, q, k) * cot),
+                   argnums=(0, 1, 2))(params, q, k)
+  args = [jax.tree.map(np.asarray, params), np.asarray(q), np.asarray(k)]
+  loss = lambda p, q, k: np.sum(ref.additive(p, q, k) * cot)
+  for name in ("b", "W", "U", "v"):
+    expected = ref.numeric_grad(lambda x: loss(args[0] | {name: x}, *args[1:]), args[0][name])
+    np.testing.assert_allclose(grads[0][name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+  np.testing.assert_allclose(grads[1], ref.numeric_grad(lambda x: loss(args[0], x, args[2]), args[1]),
+                             rtol=1e-4, atol=1e-5, err_msg="q")
+  np.testing.assert_allclose(grads[2], ref.numeric_grad(lambda x: loss(args[0], args[1], x), args[2]),
+                             rtol=1e-4, atol=1e-5, err_msg="k")
+
+
 @pytest.mark.parametrize("alias,name", [("concat", "additive"), ("bilinear", "general")])
 def test_aliases_compute_the_same_score(alias, name):
   params, q, k = _inputs(name, (), 4, 5)
