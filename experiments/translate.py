@@ -21,6 +21,13 @@ flags.DEFINE_string("workdir", None, "Output directory (resumes if it holds a ch
 flags.mark_flags_as_required(["workdir"])
 
 
+def validate_config(config):
+  """The checks train_and_evaluate makes before touching a workdir (launch.py runs them on every
+  combination of a sweep before starting any)."""
+  from attn import training  # pylint: disable=import-outside-toplevel
+  training.validate_config(config, task="translate")
+
+
 def main(argv):
   del argv
   from attn import training  # pylint: disable=import-outside-toplevel  (after flag parsing)

@@ -488,6 +488,74 @@ def test_missing_files_and_bad_config(tmp_path):
     data.get_config("multi30")
 
 
+def test_missing_data_dir_and_missing_jsonl_split(tmp_path):
+  with pytest.raises(data.DataError, match=r"data directory '.*nowhere' does not exist \(set data\.dir"):
+    data.load(text_config(tmp_path, tmp_path / "nowhere"))
+  d = tmp_path / "mail"
+  d.mkdir()
+  write_lines(d / "train.jsonl", [json.dumps({"email": "hi", "subject": "yo"})])
+  with pytest.raises(data.DataError, match=r"no file dev\.jsonl\[\.gz\] in .*mail \(it holds: train\.jsonl\)"):
+    data.load(text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+                          eval_split="dev", test_split=""))
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_empty_parallel_files_are_a_data_error_naming_them(tmp_path, split, gz):
+  # Before: TFDS's `AssertionError: Failed to finalize writing of split "train": No examples
+  # were yielded.` with a traceback.
+  d = parallel_corpus(tmp_path, ["ein Hund ."], ["a dog ."], gz=gz)
+  suffix = ".gz" if gz else ""
+  write_lines(d / f"{split}.de{suffix}", [], gz)
+  write_lines(d / f"{split}.en{suffix}", [], gz)
+  with pytest.raises(data.DataError) as err:
+    data.load(text_config(tmp_path, d))
+  msg = str(err.value)
+  assert f"{split}.de{suffix} and " in msg and f"{split}.en{suffix}: empty (no sentence pairs)" in msg
+  assert len(msg.splitlines()) == 1
+
+
+def test_empty_jsonl_is_a_data_error_naming_it(tmp_path):
+  d = tmp_path / "mail"
+  d.mkdir()
+  write_lines(d / "train.jsonl", [])
+  write_lines(d / "dev.jsonl", [json.dumps({"email": "hi", "subject": "yo"})])
+  cfg = text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+                    eval_split="dev", test_split="")
+  with pytest.raises(data.DataError, match=r"train\.jsonl: empty \(no records\)"):
+    data.load(cfg)
+
+
+def test_no_usable_pair_is_a_data_error_with_the_counts(tmp_path):
+  # Every pair has an empty side: named with the count before TFDS writes anything.
+  d = parallel_corpus(tmp_path, ["", "  ", "ein Hund ."], ["a", "b", ""], gz=False)
+  with pytest.raises(data.DataError, match=r"train\.en: no usable sentence pair: all 3 have an "
+                     r"empty source or target side"):
+    data.load(text_config(tmp_path, d))
+  d = tmp_path / "mail"
+  d.mkdir()
+  write_lines(d / "train.jsonl", [json.dumps({"email": "hi", "subject": " "})] * 2)
+  cfg = text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+                    eval_split="", test_split="")
+  with pytest.raises(data.DataError, match=r"train\.jsonl: no usable record: all 2 have an empty "
+                     r"'email' or 'subject' field"):
+    data.load(cfg)
+  # Every pair too long (known only after tokenizing): the pipeline's policy check names the files.
+  long_dir = tmp_path / "long"
+  long_dir.mkdir()
+  d = parallel_corpus(long_dir, ["eins zwei drei vier fünf"] * 2, ["one"] * 2, gz=False)
+  with pytest.raises(data.DataError, match=r"train\.de \+ .*train\.en: no training example left"):
+    data.load(text_config(long_dir, d, max_src_len=3))
+
+
+@pytest.mark.parametrize("n_src,n_tgt", [(5, 3), (3, 5)])
+def test_check_parallel_counts_both_files_whichever_ends_first(tmp_path, n_src, n_tgt):
+  write_lines(tmp_path / "a.de", [f"satz {i}" for i in range(n_src)])
+  write_lines(tmp_path / "a.en", [f"line {i}" for i in range(n_tgt)])
+  with pytest.raises(data.DataError, match=rf"a\.de has {n_src} lines, .*a\.en has {n_tgt}$"):
+    corpora.check_parallel(str(tmp_path / "a.de"), str(tmp_path / "a.en"))
+
+
 def test_jsonl_source_and_its_errors(tmp_path):
   d = tmp_path / "mail"
   d.mkdir()

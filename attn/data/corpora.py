@@ -8,12 +8,15 @@ Lines are split on "\\n" only (not on the other characters `str.splitlines` trea
 would shift the pairing), a trailing "\\r" and a leading BOM are removed, and whitespace is collapsed
 (`tokenize.normalize_whitespace`). Problems raise `DataError` with the file and line: a missing
 file, different line counts (both files and both counts), bytes that are not UTF-8, a bad JSON line
-or a missing/non-string field, a corrupt gzip stream.
+or a missing/non-string field, a corrupt gzip stream, and a split with no usable pair: empty files,
+or every pair with an empty side (TFDS would otherwise fail with an AssertionError on the empty
+split, or training would find nothing to train on).
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 from typing import Iterator
@@ -65,25 +68,37 @@ def parallel_paths(directory: str, split: str, src_lang: str, tgt_lang: str) -> 
   return (find_file(directory, f"{split}.{src_lang}"), find_file(directory, f"{split}.{tgt_lang}"))
 
 
+def _check_usable(what: str, n: int, n_blank: int, unit: str, sides: str) -> None:
+  """A split needs at least one pair with both sides non-empty, whatever its role."""
+  if n == 0:
+    raise DataError(f"{what}: empty (no {unit}s); a split needs at least one {unit}")
+  if n_blank == n:
+    raise DataError(f"{what}: no usable {unit}: all {n} have an empty {sides}")
+
+
 def check_parallel(src_path: str, tgt_path: str) -> int:
-  """Reads both files fully; returns the pair count or raises on bad bytes or different counts."""
-  n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
-  if n_src != n_tgt:
-    raise DataError(f"parallel files differ in length: {src_path} has {n_src} lines, "
-                    f"{tgt_path} has {n_tgt}")
-  return n_src
+  """Reads both files fully; returns the pair count or raises on bad bytes, different counts, empty
+  files, or pairs that all have an empty side."""
+  n = n_blank = 0
+  for s, t in read_parallel(src_path, tgt_path):
+    n += 1
+    n_blank += not s or not t
+  _check_usable(f"{src_path} and {tgt_path}", n, n_blank, "sentence pair",
+                "source or target side")
+  return n
 
 
 def read_parallel(src_path: str, tgt_path: str) -> Iterator[tuple[str, str]]:
-  """(source, target) pairs; raises DataError if one file ends first (after `check_parallel` it cannot)."""
+  """(source, target) pairs; raises DataError naming both line counts if one file ends first."""
   src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
-  n = 0
-  for n, (s, t) in enumerate(zip(src_it, tgt_it), start=1):
+  # zip_longest, not zip: zip would swallow the source line read before it sees the target end.
+  for n, (s, t) in enumerate(itertools.zip_longest(src_it, tgt_it), start=1):
+    if s is None or t is None:
+      n_src = n - 1 + (s is not None) + sum(1 for _ in src_it)
+      n_tgt = n - 1 + (t is not None) + sum(1 for _ in tgt_it)
+      raise DataError(f"parallel files differ in length: {src_path} has {n_src} lines, "
+                      f"{tgt_path} has {n_tgt}")
     yield s, t
-  rest_src, rest_tgt = sum(1 for _ in src_it), sum(1 for _ in tgt_it)
-  if rest_src or rest_tgt:
-    raise DataError(f"parallel files differ in length: {src_path} has {n + rest_src} lines, "
-                    f"{tgt_path} has {n + rest_tgt}")
 
 
 def jsonl_path(directory: str, split: str) -> str:
@@ -119,4 +134,11 @@ def read_jsonl(path: str, src_field: str, tgt_field: str) -> Iterator[tuple[str,
 
 
 def check_jsonl(path: str, src_field: str, tgt_field: str) -> int:
-  return sum(1 for _ in read_jsonl(path, src_field, tgt_field))
+  """Reads the file fully; returns the record count or raises as `read_jsonl` does, or if the
+  file is empty or every record has an empty `src_field` or `tgt_field`."""
+  n = n_blank = 0
+  for s, t in read_jsonl(path, src_field, tgt_field):
+    n += 1
+    n_blank += not s or not t
+  _check_usable(path, n, n_blank, "record", f"{src_field!r} or {tgt_field!r} field")
+  return n
