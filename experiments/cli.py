@@ -1,21 +1,90 @@
-"""What every experiment entry point shares: logging set-up and one-line errors for user mistakes.
+"""What every experiment entry point shares: flag parsing, logging set-up and one-line errors for
+user mistakes.
 
     if __name__ == "__main__":
       cli.run(main)
 
-A user mistake (`attn.errors.AttnError`: a config value, a data file, a workdir) ends the run
-with one `error: ...` line on stderr and exit status 2; any other exception is a bug and keeps
-its traceback.
+A user mistake ends the run with one `error: ...` line on stderr and exit status 2: a bad flag or
+config override (a misspelled field gets ml_collections' suggestion), an unknown preset, a
+missing config file, or an `attn.errors.AttnError` raised by the library (a config value, a data
+file, a workdir). Ctrl-C exits with status 130 (the training loop saves a checkpoint first). Any
+other exception is a bug and keeps its traceback.
 """
 
 import logging
+import os
+import re
 import sys
 
-from absl import app
+from absl import app, flags
 
 from attn.errors import AttnError
 
 USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+def last_line(text: str) -> str:
+  """The exception line of an embedded traceback (config-file errors arrive as flag errors
+  whose message holds the whole traceback), without its `module.Class: ` prefix."""
+  lines = [l.strip() for l in str(text).splitlines() if l.strip()]
+  if not any(l.startswith("Traceback") for l in lines):
+    return " ".join(lines)
+  last = lines[-1]
+  head, sep, rest = last.partition(": ")
+  return rest if sep and " " not in head else last
+
+
+def fail(message: str):
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(USAGE_ERROR)
+
+
+def parse_flags(argv):
+  """absl flag parsing with user mistakes reported as one line (see the module docstring)."""
+  try:
+    rest = flags.FLAGS(argv)
+    if "config" in flags.FLAGS and flags.FLAGS.config is not None:
+      # A config file that failed to load becomes a placeholder raising on first use: use it now.
+      flags.FLAGS.config.keys()  # pylint: disable=pointless-statement
+    return rest
+  except flags.Error as e:
+    fail(last_line(e))
+  except (AttributeError, KeyError) as e:
+    # ml_collections: an override of a field the config does not have (`--config.model.decodr`).
+    text = str(e).replace("\\n", "\n").replace("\\'", "'")
+    field = re.search(r"'(\w+)'", text)
+    hint = re.search(r"Did you mean[^\n]*\?", text)
+    fail(f"unknown config field {field.group(1) if field else text!r}"
+          + (f": {hint.group(0)}" if hint else ""))
+  except OSError as e:  # a config file that cannot be read
+    fail("config file: " + str(e).strip().splitlines()[-1].strip())
+  except AttnError as e:
+    fail(str(e))
+
+
+def _drop_orbax_save_errors(record: logging.LogRecord) -> bool:
+  """A failed save is reported once, as the run's one error line (attn.training.checkpoints);
+  orbax's worker threads, and asyncio for orbax's abandoned write tasks, would each print their
+  own traceback of it first."""
+  if record.levelno < logging.ERROR:
+    return True
+  return not (f"{os.sep}orbax{os.sep}" in record.pathname or "orbax" in record.getMessage())
+
+
+def _quiet_closed_loop_callbacks():
+  """After a failed checkpoint write, tensorstore still completes the write's other chunks and
+  calls back into orbax's event loop, which is closed by then; each callback's RuntimeError
+  would print a traceback after the one error line. Those, and only those, are dropped."""
+  default = sys.unraisablehook  # tensorstore reports callback errors as unraisable
+
+  def hook(unraisable):
+    if (unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    default(unraisable)
+
+  sys.unraisablehook = hook
 
 
 def run(main):
@@ -24,11 +93,17 @@ def run(main):
   def guarded(argv):
     # Library code logs through stdlib loggers (attn.*), which absl's handler prints; orbax logs
     # through absl's own logger at INFO on every save, so that one is kept to warnings.
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    absl_logger = logging.getLogger("absl")
+    absl_logger.setLevel(logging.WARNING)
+    absl_logger.addFilter(_drop_orbax_save_errors)
+    logging.getLogger("asyncio").addFilter(_drop_orbax_save_errors)
+    _quiet_closed_loop_callbacks()
     try:
       return main(argv)
     except AttnError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(USAGE_ERROR)
+      fail(str(e))
+    except KeyboardInterrupt:
+      print("interrupted", file=sys.stderr)
+      sys.exit(INTERRUPTED)
 
-  app.run(guarded)
+  app.run(guarded, flags_parser=parse_flags)

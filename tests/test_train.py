@@ -47,7 +47,7 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
     if resume:
       assert ckpt.restore(ckpt.latest, run)
     training.train(run, ckpt, training.MetricsWriter(workdir), stop_after=stop_after)
-    ckpt.wait()
+    ckpt.close()
     return run
 
   straight = run_steps(str(tmp_path / "a"))

@@ -52,6 +52,7 @@ class ModelConfig:
         registry.get(name, kind)
       except KeyError as e:
         raise ConfigError(f"model.{field}: {e.args[0]}") from None
+    self._check_attention_fits()
     if self.fused:
       from attn import core  # pylint: disable=import-outside-toplevel
       why = (registry.get(self.decoder, "decoder").fn.fused_unsupported(self)
@@ -65,6 +66,28 @@ class ModelConfig:
       raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
     if min(self.emb_dim, self.enc_hidden, self.dec_hidden, self.enc_layers, self.dec_layers) < 1:
       raise ConfigError("model sizes and layer counts must be positive")
+
+  def _check_attention_fits(self):
+    """The score accepts the decoder's query and key sizes (e.g. `dot` needs them equal): traced
+    abstractly on one query and two keys, so a bad pairing fails here rather than mid-training."""
+    decoder = registry.get(self.decoder, "decoder").fn
+    if not decoder.has_attention:
+      return
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from attn import core  # pylint: disable=import-outside-toplevel
+    dq, dk, _ = decoder.attention_dims(self)
+
+    def score_once():
+      params = core.init_score(self.score, jax.random.PRNGKey(0), dq, dk, d_attn=self.d_attn,
+                               max_len=self.max_src_len)
+      return core.score(self.score, params, jnp.zeros((1, dq)), jnp.zeros((2, dk)))
+
+    try:
+      jax.eval_shape(score_once)
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"model.score={self.score!r} does not fit decoder {self.decoder!r} "
+                        f"(queries of size {dq}, keys of size {dk}): {e}") from None
 
   @property
   def enc_out_dim(self) -> int:

@@ -1,5 +1,13 @@
 """Orbax checkpoints of a run: `checkpoints/` keeps the latest step (to resume), `best/` the best
-eval score (what the test split is decoded with)."""
+eval score (what the test split is decoded with).
+
+Saves are synchronous: a save that fails (a full disk, a quota) stops the run at that step with a
+CheckpointError, before another step is taken. (Asynchronous saves let training run on for steps
+it could not keep and report the failure only later, through orbax's worker threads.) A save
+costs one write of the parameters and optimizer state every `train.checkpoint_every` steps.
+Orbax writes each step to a temporary directory and renames it when complete, so earlier
+checkpoints stay restorable.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +15,54 @@ import os
 
 import jax
 
+from attn.errors import AttnError
+
+
+class CheckpointError(AttnError):
+  """A checkpoint could not be written."""
+
 
 class Checkpoints:
   """Two orbax managers over `nnx.state((model, optimizer))` plus a JSON of the run's counters.
 
-  A run object passed to `save` / `restore` has `state`, `step`, `best_score`, `wall_s` and
-  `train_tokens`; restore writes them back.
+  A run object passed to `save` / `restore` has `state`, `step`, `best_score` (a tuple: the
+  task's selection metrics, compared lexicographically), `best_step`, `wall_s` and
+  `best_eval`, `train_tokens`; restore writes them back.
   """
 
   def __init__(self, workdir):
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     self.ocp = ocp
     opts = lambda **kw: ocp.CheckpointManagerOptions(max_to_keep=1, create=True, **kw)
-    self.latest = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"),
-                                        options=opts(enable_async_checkpointing=True))
+    self.latest_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.latest = ocp.CheckpointManager(self.latest_dir,
+                                        options=opts(enable_async_checkpointing=False))
     self.best = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "best"),
                                       options=opts(enable_async_checkpointing=False))
 
+  def _committed_steps(self) -> list[int]:
+    """Steps whose save completed, read from disk (a failed save leaves only a -tmp directory)."""
+    if not os.path.isdir(self.latest_dir):
+      return []
+    return sorted(int(n) for n in os.listdir(self.latest_dir) if n.isdigit())
+
+  def _failed(self, step, err) -> CheckpointError:
+    kept = (self._committed_steps() or [None])[-1]
+    reason = " ".join(str(err).split())[:300]
+    return CheckpointError(
+        f"saving the checkpoint of step {step} failed ({type(err).__name__}: {reason}); training "
+        f"stopped. " + (f"The checkpoint of step {kept} is intact: free space and rerun the same "
+                        "command to resume" if kept is not None else "No checkpoint was kept"))
+
   def save(self, manager, run):
-    meta = {"step": run.step, "best_score": float(run.best_score), "wall_s": run.wall_s,
-            "train_tokens": run.train_tokens}
-    manager.save(run.step, args=self.ocp.args.Composite(
-        state=self.ocp.args.StandardSave(run.state), meta=self.ocp.args.JsonSave(meta)), force=True)
+    meta = {"step": run.step, "best_score": list(run.best_score), "best_step": run.best_step,
+            "best_eval": run.best_eval, "wall_s": run.wall_s, "train_tokens": run.train_tokens}
+    try:
+      manager.save(run.step, args=self.ocp.args.Composite(
+          state=self.ocp.args.StandardSave(run.state), meta=self.ocp.args.JsonSave(meta)),
+                   force=True)
+    except Exception as e:  # pylint: disable=broad-except  (orbax re-raises the writer's error)
+      raise self._failed(run.step, e) from e
 
   def restore(self, manager, run) -> bool:
     """Restores the manager's latest step into `run`; False when it holds none."""
@@ -38,11 +72,25 @@ class Checkpoints:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.state)
     out = manager.restore(step, args=self.ocp.args.Composite(
         state=self.ocp.args.StandardRestore(abstract), meta=self.ocp.args.JsonRestore()))
+    meta = out["meta"]
     run.state = out["state"]
-    run.step, run.best_score = int(out["meta"]["step"]), float(out["meta"]["best_score"])
-    run.wall_s, run.train_tokens = float(out["meta"]["wall_s"]), float(out["meta"]["train_tokens"])
+    run.step = int(meta["step"])
+    best = meta["best_score"]
+    run.best_score = tuple(best) if isinstance(best, list) else (float(best),)
+    run.best_step = int(meta.get("best_step", run.step))
+    run.best_eval = dict(meta.get("best_eval", {}))
+    run.wall_s, run.train_tokens = float(meta["wall_s"]), float(meta["train_tokens"])
     return True
 
-  def wait(self):
-    self.latest.wait_until_finished()
-    self.best.wait_until_finished()
+  def close(self):
+    """Finishes or abandons pending saves and stops orbax's threads; never raises (it runs while
+    another error may be on its way out)."""
+    for manager in (self.latest, self.best):
+      try:
+        manager.wait_until_finished()
+      except Exception:  # pylint: disable=broad-except  (already reported by wait/check/save)
+        pass
+      try:
+        manager.close()
+      except Exception:  # pylint: disable=broad-except
+        pass

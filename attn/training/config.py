@@ -45,6 +45,10 @@ class TrainConfig:
   length_penalty: float = option(0.6, "beam search length penalty alpha (GNMT)")
   max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
   attention_samples: int = option(16, "examples whose attention goes to attention.npz")
+  divergence_factor: float = option(
+      10.0, "stop (saving nothing more) when the training loss exceeds this multiple of "
+      "log(target vocabulary), the loss of a uniform guess; a non-finite loss always stops; 0 = "
+      "only non-finite")
   max_wall_s: float = option(
       0.0, "stop training (then evaluate) after this much training time; 0 = off")
   seed: int = option(0, "parameter initialization and dropout seed")
@@ -68,6 +72,8 @@ class TrainConfig:
     check(0.0 <= self.end_lr_fraction <= 1.0,
           f"end_lr_fraction={self.end_lr_fraction} must be in [0, 1]")
     check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
+    check(self.divergence_factor >= 0,
+          f"divergence_factor={self.divergence_factor} must be >= 0")
     check(self.max_wall_s >= 0, f"max_wall_s={self.max_wall_s} must be >= 0")
     check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
     check(self.eval_decode_sentences >= 0 and self.attention_samples >= 0,

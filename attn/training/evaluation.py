@@ -30,9 +30,10 @@ def device_batch(batch):
 
 
 @functools.lru_cache(maxsize=None)
-def jitted(fn, graphdef, **static):
-  """`jax.jit(partial(fn, graphdef, **static))`, cached per graphdef and static arguments."""
-  return jax.jit(functools.partial(fn, graphdef, **static))
+def jitted(fn, *bound, **static):
+  """`jax.jit(partial(fn, *bound, **static))`, cached on fn, the bound arguments (the task, the
+  graphdef) and the static ones, so each shape compiles once per run rather than once per call."""
+  return jax.jit(functools.partial(fn, *bound, **static))
 
 
 def eval_step(task, graphdef, params, batch):
@@ -76,7 +77,7 @@ def decode_split(run, role, *, beam_size, max_sentences=None) -> Outputs:
   for batch in run.bundle.batches(role):
     Ts = batch["src"].shape[1]
     max_len = int(run.tc.max_decode_ratio * Ts) + 10
-    fn = jitted(functools.partial(decode_batch, run.task), graphdef, max_len=max_len,
+    fn = jitted(decode_batch, run.task, graphdef, max_len=max_len,
                 beam_size=beam_size, length_penalty=run.tc.length_penalty)
     res = fn(params, jnp.asarray(batch["src"]), jnp.asarray(batch["src_lengths"]))
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
@@ -102,7 +103,7 @@ def score_outputs(run, role, hyps: Outputs) -> dict:
 def evaluate(run, role="eval", max_sentences=None) -> dict:
   """Perplexity over the split and the task's scores of greedy outputs of up to `max_sentences`."""
   graphdef, params = params_view(run)
-  step = jitted(functools.partial(eval_step, run.task), graphdef)
+  step = jitted(eval_step, run.task, graphdef)
   nll = ntok = 0.0
   for batch in run.bundle.batches(role):
     a, b = step(params, device_batch(batch))
@@ -117,7 +118,7 @@ def alignment_scores(run, role="test") -> dict:
   """Teacher-forced attention against the gold alignments of a built-in task: AER of the argmax
   links and the attention mass on gold links, pooled over the split."""
   graphdef, params = params_view(run)
-  forward = jitted(functools.partial(teacher_forced_weights, run.task), graphdef)
+  forward = jitted(teacher_forced_weights, run.task, graphdef)
   preds, golds, tl, sl = [], [], [], []
   for batch in run.bundle.batches(role):
     w = forward(params, device_batch(batch))
@@ -138,14 +139,14 @@ def alignment_scores(run, role="test") -> dict:
 
 
 def write_results(run, ckpt, role="test") -> dict:
-  """Decodes `role` with the best checkpoint (else the last) and writes the result files."""
+  """Decodes `role` with the best checkpoint (else the last) and writes the result files;
+  results.json comes last, so its presence means every other file is complete."""
+  last_step = run.step
   if "eval" in run.bundle.splits and ckpt.best.latest_step() is not None:
-    last_step = run.step
     ckpt.restore(ckpt.best, run)
-    log.info(f"restored best checkpoint (step {run.step}, eval score {run.best_score:.3f})")
-    best_step, run.step = run.step, last_step
-  else:
-    best_step = run.step
+    log.info(f"restored best checkpoint (step {run.step}, eval "
+             + ", ".join(f"{v:.3f}" for v in run.best_score) + ")")
+  best_step, run.step = run.step, last_step
   if role not in run.bundle.splits:
     role = "eval"
   t0 = time.time()
@@ -158,8 +159,8 @@ def write_results(run, ckpt, role="test") -> dict:
     greedy = score_outputs(run, role, decode_split(run, role, beam_size=1))
     scores.update({f"{k}_greedy": v for k, v in greedy.items() if isinstance(v, float)})
   ids = sorted(hyps.text)
-  with open(os.path.join(run.workdir, "predictions.txt"), "w") as f:
-    f.writelines(hyps.text[i] + "\n" for i in ids)
+  results_lib.write_text(os.path.join(run.workdir, "predictions.txt"),
+                         "".join(hyps.text[i] + "\n" for i in ids))
   sample = ids[:run.tc.attention_samples]
   sources = run.bundle.sources(role)
   np.savez_compressed(
@@ -167,6 +168,12 @@ def write_results(run, ckpt, role="test") -> dict:
       **{f"weights_{i}": hyps.weights[i] for i in sample},
       example_ids=np.array(sample), sources=np.array([sources[i] for i in sample]),
       predictions=np.array([hyps.text[i] for i in sample]))
+  if run.mc.has_attention and sample:
+    from attn import viz  # pylint: disable=import-outside-toplevel
+    i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
+    viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
+                os.path.join(run.workdir, "attention.png"),
+                title=f"{run.mc.decoder}/{run.mc.score}: example {i}")
   results = {
       "split": role, **scores, "params": count_params(run.model), "step": run.step,
       "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
@@ -176,11 +183,7 @@ def write_results(run, ckpt, role="test") -> dict:
       "decoder": run.mc.decoder, "score": run.mc.score, "normalizer": run.mc.normalizer,
       "model_config": dataclasses.asdict(run.mc),
   }
+  if run.best_eval:
+    results["best_eval"] = run.best_eval  # the eval that chose the decoded checkpoint
   results_lib.write_json(os.path.join(run.workdir, "results.json"), results)
-  if run.mc.has_attention and sample:
-    from attn import viz  # pylint: disable=import-outside-toplevel
-    i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
-    viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
-                os.path.join(run.workdir, "attention.png"),
-                title=f"{run.mc.decoder}/{run.mc.score}: example {i}")
   return results

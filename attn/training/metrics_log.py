@@ -6,6 +6,8 @@ import json
 import logging
 import os
 
+from attn.training.results import write_text
+
 log = logging.getLogger(__name__)
 
 
@@ -13,14 +15,30 @@ class MetricsWriter:
   """Appends `{"step", "split", **values}` lines to metrics.jsonl and scalars to TensorBoard
   (tensorboardX, when installed)."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, resumed_step=None):
+    """resumed_step: the step a resumed run restarts from; rows written after it by the previous
+    process (steps it will run again) are dropped, so every step appears once."""
     self.path = os.path.join(workdir, "metrics.jsonl")
+    if resumed_step is not None and os.path.exists(self.path):
+      self._truncate_after(resumed_step)
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self.tb = SummaryWriter(os.path.join(workdir, "tb"))
     except ImportError:
       log.warning("tensorboardX is not installed: metrics go to metrics.jsonl only")
       self.tb = None
+
+  def _truncate_after(self, step):
+    kept = []
+    with open(self.path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:
+          continue  # a line cut short by a killed process
+        if row.get("step", 0) <= step:
+          kept.append(json.dumps(row) + "\n")
+    write_text(self.path, "".join(kept))
 
   def write(self, step, split, values):
     with open(self.path, "a") as f:

@@ -13,6 +13,11 @@ COLUMNS = ("decoder", "score", "normalizer", "params", "bleu", "chrf", "exact_ma
 
 def write_json(path, obj, **dump_kw):
   """Writes `obj` as JSON to `path` atomically: readers see the old file or the whole new one."""
+  write_text(path, json.dumps(obj, indent=1, **dump_kw))
+
+
+def write_text(path, text: str):
+  """Writes `text` to `path` atomically (a temporary file in the same directory, then rename)."""
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path), suffix=".tmp")
   try:
@@ -20,7 +25,7 @@ def write_json(path, obj, **dump_kw):
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the record from other users
     with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=1, **dump_kw)
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -1,0 +1,116 @@
+"""The run's working directory: created and checked once, locked against a second run, and bound
+to the model its checkpoints hold.
+
+- `prepare(workdir)`: creates it; a path that is a file or cannot be written is a WorkdirError.
+- `lock(workdir)`: an exclusive `flock` on `<workdir>/.lock` for the whole run. A second run on
+  the same workdir fails at once naming the holder's PID; the kernel drops the lock when its
+  process dies, so a `kill -9`ed run never leaves it stuck.
+- `check_model(workdir, model_config)`: a workdir whose checkpoints were written for another
+  model refuses to resume with this one, naming the differing fields; `record_model` writes the
+  record (model.json) that later runs compare against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+
+from attn.errors import AttnError
+from attn.training.results import write_json
+
+LOCK_FILE = ".lock"
+MODEL_RECORD = "model.json"
+
+
+class WorkdirError(AttnError):
+  """The workdir cannot be used: not a directory, not writable, in use, or another model's."""
+
+
+def prepare(workdir: str) -> str:
+  """Creates `workdir` (and parents) and checks it is a writable directory; returns its path."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f"workdir {workdir} exists and is not a directory")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise WorkdirError(f"cannot create workdir {workdir}: {e.strerror or e}") from None
+  probe = os.path.join(workdir, ".write_test")
+  try:
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.unlink(probe)
+  except OSError as e:
+    raise WorkdirError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
+  return workdir
+
+
+@contextlib.contextmanager
+def lock(workdir: str):
+  """Holds the workdir's run lock for the duration of the block (see the module docstring)."""
+  path = os.path.join(workdir, LOCK_FILE)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      with open(path) as f:
+        holder = f.read().strip() or "unknown"
+      raise WorkdirError(f"workdir {workdir} is in use by another run (process {holder}); wait "
+                         f"for it to finish or use another --workdir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    yield
+  finally:
+    os.close(fd)  # closing drops the flock
+
+
+def _record_path(workdir):
+  return os.path.join(workdir, MODEL_RECORD)
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """True when `checkpoints/` or `best/` holds a committed step."""
+  for sub in ("checkpoints", "best"):
+    d = os.path.join(workdir, sub)
+    if os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d)):
+      return True
+  return False
+
+
+def _recorded_model(workdir):
+  """The model the workdir's checkpoints hold: model.json, else (older workdirs) config.json's
+  `model` section; None when there is neither."""
+  for path, pick in ((_record_path(workdir), lambda d: d),
+                     (os.path.join(workdir, "config.json"), lambda d: d.get("model"))):
+    if os.path.exists(path):
+      try:
+        with open(path) as f:
+          return pick(json.load(f))
+      except (OSError, ValueError):
+        continue
+  return None
+
+
+def check_model(workdir: str, model_config) -> None:
+  """Refuses a workdir whose checkpoints were written for another model (see the module doc)."""
+  if not has_checkpoints(workdir):
+    return
+  recorded = _recorded_model(workdir)
+  if recorded is None:
+    return
+  current = dataclasses.asdict(model_config)
+  differ = sorted(k for k in set(recorded) & set(current) if recorded[k] != current[k])
+  if differ:
+    shown = ", ".join(f"model.{k}={recorded[k]!r} there, {current[k]!r} here" for k in differ)
+    raise WorkdirError(f"workdir {workdir} holds checkpoints of another model ({shown}); resume "
+                       f"with its settings or use another --workdir")
+
+
+def record_model(workdir: str, model_config) -> None:
+  write_json(_record_path(workdir), dataclasses.asdict(model_config))

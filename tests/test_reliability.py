@@ -1,0 +1,295 @@
+"""Faults a user or the machine can cause, injected for real: divergence, ties in the eval score,
+a bad config on an existing workdir, another model's checkpoints, two runs on one workdir,
+kill -9, Ctrl-C, a full disk, and command-line mistakes. Each must end in one clear line (or a
+correct result) with nothing already computed lost. docs/reliability.md lists them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from attn import training
+from attn.training import evaluation, loop, workdir as workdir_lib
+from experiments.configs import translate as translate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = "--config=experiments/configs/translate.py:smoke"
+
+
+def _tiny(**train_kw):
+  c = translate_config.get_config("smoke")
+  c.train.update(dict(steps=4, checkpoint_every=2, eval_every=100, log_every=2))
+  c.train.update(train_kw)
+  return c
+
+
+def _cli(*args, max_file_bytes=None, timeout=300):
+  """`python -m experiments.translate ARGS`; max_file_bytes emulates a full disk (RLIMIT_FSIZE,
+  set inside the child rather than by a fork hook, which a multithreaded parent must avoid)."""
+  if max_file_bytes is None:
+    cmd = [sys.executable, "-m", "experiments.translate", *args]
+  else:
+    cmd = [sys.executable, "-c",
+           "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_bytes}, {max_file_bytes})); "
+           "sys.argv = ['translate'] + sys.argv[1:]; "
+           "runpy.run_module('experiments.translate', run_name='__main__')", *args]
+  return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(p):
+  errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  return errors[0]
+
+
+def _checkpoint_leaves(path):
+  """Every array of the newest step under an orbax directory, read back with orbax."""
+  import orbax.checkpoint as ocp
+  steps = sorted(int(n) for n in os.listdir(path) if n.isdigit())
+  with ocp.CheckpointManager(path) as mgr:
+    restored = mgr.restore(steps[-1], args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return [np.asarray(x) for x in jax.tree.leaves(restored["state"])
+          if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]
+
+
+# ------------------------------------------------------------------------------ silently wrong
+
+@pytest.mark.parametrize("lr", [1e38, 1e9])  # non-finite parameters / a finite exploded loss
+def test_divergence_stops_the_run_and_saves_nothing_after_it(tmp_path, lr):
+  cfg = _tiny(learning_rate=lr, warmup_steps=1, steps=8)
+  with pytest.raises(loop.TrainingDiverged, match="diverged at step"):
+    training.train_and_evaluate(cfg, str(tmp_path))
+  assert not (tmp_path / "results.json").exists()
+  for sub in ("checkpoints", "best"):
+    d = tmp_path / sub
+    if d.exists() and any(n.isdigit() for n in os.listdir(d)):
+      for leaf in _checkpoint_leaves(str(d)):
+        assert np.isfinite(leaf.astype(np.float64)).all() and np.abs(leaf).max() < 1e6, sub
+
+
+def test_divergence_is_one_line_on_the_command_line(tmp_path):
+  p = _cli(SMOKE, f"--workdir={tmp_path}", "--config.train.learning_rate=1e38",
+           "--config.train.warmup_steps=1")
+  assert p.returncode == 2
+  assert "diverged" in _one_error_line(p)
+
+
+def test_ties_in_the_first_metric_are_broken_by_the_next_and_later_wins(tmp_path, monkeypatch):
+  scripted = iter([  # exact match stays 0 while BLEU climbs; then an exact tie
+      {"exact_match": 0.0, "bleu": 1.0, "chrf": 5.0},
+      {"exact_match": 0.0, "bleu": 30.0, "chrf": 40.0},
+      {"exact_match": 0.0, "bleu": 20.0, "chrf": 60.0},
+      {"exact_match": 0.0, "bleu": 30.0, "chrf": 40.0},
+  ])
+  monkeypatch.setattr(evaluation, "evaluate", lambda run, role, n=None: dict(next(scripted)))
+  cfg = _tiny(steps=4, eval_every=1, checkpoint_every=4, log_every=1)
+  run = training.setup(cfg, str(tmp_path))
+  ckpt = training.Checkpoints(str(tmp_path))
+  try:
+    training.train(run, ckpt, training.MetricsWriter(str(tmp_path)))
+  finally:
+    ckpt.close()
+  assert run.best_step == 4 and run.best_score == (0.0, 30.0, 40.0)
+  assert sorted(int(n) for n in os.listdir(tmp_path / "best") if n.isdigit()) == [4]
+  assert loop.is_better((0.0, 2.0), (0.0, 1.0)) and not loop.is_better((0.0, 1.0), (0.0, 2.0))
+  assert loop.is_better((1.0, 0.0), (0.0, 99.0)) and loop.is_better((0.5,), ())
+
+
+def test_each_step_draws_its_own_dropout_key_and_resume_draws_the_same(tmp_path):
+  cfg = _tiny(steps=6)
+  cfg.model.dropout = 0.3
+  run = training.setup(cfg, str(tmp_path))
+  seen = []
+  real = run.step_fn()
+
+  def recording(state, batch, key):
+    seen.append(np.asarray(jax.random.key_data(key) if jax.dtypes.issubdtype(
+        key.dtype, jax.dtypes.prng_key) else key).tobytes())
+    return real(state, batch, key)
+
+  run.step_fn = lambda: recording
+  ckpt = training.Checkpoints(str(tmp_path))
+  try:
+    training.train(run, ckpt, training.MetricsWriter(str(tmp_path)))
+  finally:
+    ckpt.close()
+  assert len(seen) == 6 and len(set(seen)) == 6  # no two steps share a dropout mask
+  again = [np.asarray(jax.random.key_data(k) if jax.dtypes.issubdtype(
+      k.dtype, jax.dtypes.prng_key) else k).tobytes() for k in map(run.step_key, range(6))]
+  assert again == seen  # a function of (seed, step) only: a resumed run draws the same
+
+
+def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_path):
+  """A short run's output may never emit EOS, or emit PAD/BOS mid-sequence: the heatmap still
+  gets one label per row and column (the plot used to raise after results were computed)."""
+  from attn import viz
+  from attn.data.tokenize import TokenizerSpec, Vocab
+  vocab = Vocab(["a", "b", "\u2581c"], TokenizerSpec(kind="space"))
+  out = [4, 0, 1, 6, 5, 4, 99]  # PAD, BOS mid-output, an id past the vocabulary, no EOS
+  src = [5, 6, 2]
+  labels, src_labels = vocab.labels(out), vocab.labels(src)
+  assert len(labels) == len(out) and len(src_labels) == len(src)
+  assert labels[1:3] == ["<pad>", "<s>"] and labels[3] == "_c" and labels[-1] == "<unk>"
+  path = tmp_path / "attention.png"
+  viz.heatmap(np.full((len(out), len(src)), 1 / 3), src_labels, labels, str(path))
+  assert path.stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------ lost records
+
+def test_an_invalid_config_leaves_an_existing_workdir_untouched(tmp_path):
+  training.train_and_evaluate(_tiny(), str(tmp_path))
+  before = {n: (tmp_path / n).read_bytes() for n in ("config.json", "results.json", "model.json")}
+  for override in ("--config.train.eval_every=0", "--config.model.score=nope",
+                   "--config.data.too_long=sometimes"):
+    p = _cli(SMOKE, f"--workdir={tmp_path}", override)
+    assert p.returncode == 2, p.stderr[-2000:]
+    _one_error_line(p)
+  assert {n: (tmp_path / n).read_bytes() for n in before} == before
+
+
+def test_resuming_with_another_model_is_refused_naming_the_fields(tmp_path):
+  training.train_and_evaluate(_tiny(), str(tmp_path))
+  config_json = (tmp_path / "config.json").read_bytes()
+  other = _tiny()
+  other.model.dec_hidden = 24
+  other.model.cell = "lstm"
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    training.train_and_evaluate(other, str(tmp_path))
+  assert "model.dec_hidden=16 there, 24 here" in str(e.value) and "model.cell" in str(e.value)
+  assert (tmp_path / "config.json").read_bytes() == config_json  # the record stays true
+  longer = _tiny(steps=6)  # the same model trained further is a resume, not a conflict
+  assert training.train_and_evaluate(longer, str(tmp_path))["step"] == 6
+
+
+def test_a_second_run_on_a_workdir_fails_at_once_naming_the_holder(tmp_path):
+  with workdir_lib.lock(str(tmp_path)):
+    t0 = time.time()
+    p = _cli(SMOKE, f"--workdir={tmp_path}")
+    assert p.returncode == 2 and time.time() - t0 < 60
+    assert f"process {os.getpid()}" in _one_error_line(p)
+
+
+def test_a_killed_run_does_not_leave_the_lock_behind(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from attn.training import workdir; "
+       "ctx = workdir.lock(sys.argv[1]); ctx.__enter__(); print('locked', flush=True); "
+       "time.sleep(600)", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(workdir_lib.WorkdirError, match=f"process {holder.pid}"):
+      with workdir_lib.lock(str(tmp_path)):
+        pass
+  finally:
+    holder.kill()  # kill -9
+    holder.wait()
+  with workdir_lib.lock(str(tmp_path)):  # the kernel dropped the dead process's lock
+    pass
+
+
+def test_metrics_rows_past_the_restored_step_are_dropped_on_resume(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  rows = [{"step": s, "split": "train", "loss": 1.0 / s} for s in range(1, 9)]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "spl')  # cut short
+  training.MetricsWriter(str(tmp_path), resumed_step=4).write(5, "train", {"loss": 0.5})
+  steps = [json.loads(l)["step"] for l in path.read_text().splitlines()]
+  assert steps == [1, 2, 3, 4, 5]
+
+
+def test_a_resumed_cli_run_writes_every_step_once(tmp_path):
+  training.train_and_evaluate(_tiny(steps=4, log_every=1), str(tmp_path))
+  with open(tmp_path / "metrics.jsonl", "a") as f:  # a killed process logged past its last save
+    f.write(json.dumps({"step": 5, "split": "train", "loss": 9.0}) + "\n")
+  training.train_and_evaluate(_tiny(steps=6, log_every=1), str(tmp_path))
+  train_steps = [json.loads(l)["step"] for l in open(tmp_path / "metrics.jsonl")
+                 if json.loads(l)["split"] == "train"]
+  assert train_steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path):
+  training.train_and_evaluate(_tiny(steps=2), str(tmp_path))  # checkpoint of step 2
+
+  # A full disk: no file may grow past 20 kB (a checkpoint's arrays do; the logs do not).
+  p = _cli(SMOKE, f"--workdir={tmp_path}", "--config.train.steps=8",
+           "--config.train.log_every=1", "--config.train.eval_every=100", max_file_bytes=20_000)
+  assert p.returncode == 2
+  line = _one_error_line(p)
+  assert "checkpoint of step 4 failed" in line and "step 2 is intact" in line, line
+  assert "step 5/8" not in p.stderr  # no step after the failed save
+  assert sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()) == [2]
+  assert training.train_and_evaluate(_tiny(steps=4), str(tmp_path))["step"] == 4  # resumes
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+  p = subprocess.Popen(
+      [sys.executable, "-m", "experiments.translate", SMOKE, f"--workdir={tmp_path}",
+       "--config.train.steps=1000000", "--config.train.log_every=50",
+       "--config.train.checkpoint_every=100000", "--config.train.eval_every=1000000"],
+      cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+  lines = []
+  for line in p.stderr:
+    lines.append(line)
+    if "step 100/" in line:
+      break
+  p.send_signal(signal.SIGINT)
+  rest = p.stderr.read()
+  assert p.wait(timeout=120) == 130, "".join(lines)[-2000:] + rest[-2000:]
+  assert "Traceback" not in rest and "interrupted at step" in rest
+  saved = [int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()]
+  assert len(saved) == 1 and saved[0] >= 100
+
+
+# ------------------------------------------------------------------------------ one-line errors
+
+@pytest.mark.parametrize("args,expect", [
+    (["--config.model.decodr=none"], 'Did you mean "decoder"'),
+    (["--config=experiments/configs/translate.py:smok"], "unknown translate preset 'smok'"),
+    (["--config=experiments/configs/translat.py:smoke"], "No such file"),
+    (["--config.train.steps=many"], "config.train.steps"),
+    (["--config.train.log_every=0"], "train.log_every=0"),
+    (["--config.train.learning_rate=-0.01"], "learning_rate=-0.01"),
+    (["--config.train.warmup_steps=-5"], "warmup_steps=-5"),
+    (["--config.model.score=dot"], "does not fit decoder 'bahdanau'"),
+])
+def test_command_line_mistakes_are_one_line(tmp_path, args, expect):
+  p = _cli(SMOKE, f"--workdir={tmp_path / 'wd'}", *args)
+  assert p.returncode == 2
+  assert expect in _one_error_line(p)
+  assert not (tmp_path / "wd" / "config.json").exists()
+
+
+@pytest.mark.parametrize("make,expect", [
+    (lambda d: (d / "f").write_text("x") and d / "f", "is not a directory"),
+    (lambda d: "/proc/1", "is not writable"),
+    (lambda d: (d / "f").write_text("x") and d / "f" / "sub", "cannot create workdir"),
+])
+def test_unusable_workdirs_are_one_line(tmp_path, make, expect):
+  wd = make(tmp_path)
+  p = _cli(SMOKE, f"--workdir={wd}")
+  assert p.returncode == 2 and expect in _one_error_line(p)
+
+
+def test_only_user_mistakes_become_one_line_a_bug_keeps_its_traceback(monkeypatch, capsys):
+  from attn.errors import ConfigError
+  from experiments import cli
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # cli.run installs its own
+  monkeypatch.setattr(cli.app, "run", lambda main, flags_parser=None: main(["prog"]))
+
+  def mistake(argv):
+    raise ConfigError("train.steps=0 must be >= 1")
+
+  def bug(argv):
+    raise KeyError("a genuine bug")
+
+  with pytest.raises(SystemExit) as e:
+    cli.run(mistake)
+  assert e.value.code == 2 and capsys.readouterr().err == "error: train.steps=0 must be >= 1\n"
+  with pytest.raises(KeyError, match="a genuine bug"):  # not caught, not shortened
+    cli.run(bug)
