@@ -1,0 +1,45 @@
+"""The layering the README draws: primitives never import the application (models, data,
+training), kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
+
+import ast
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APPLICATION = ("attn.models", "attn.data", "attn.training")
+
+
+def _imported_after(statement):
+  code = (f"import sys; before = set(sys.modules); {statement}; "
+          "print(' '.join(sorted(set(sys.modules) - before)))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout
+  return out.split()
+
+
+def test_the_primitives_do_not_import_the_application():
+  loaded = _imported_after("import attn; attn.attend; attn.multihead")
+  assert "attn.core" in loaded
+  assert not [m for m in loaded if m.startswith(APPLICATION)], loaded
+
+
+def test_kernels_and_their_benchmark_import_nothing_of_attn_but_plotting():
+  loaded = _imported_after("import kernels")
+  assert not [m for m in loaded if m == "attn" or m.startswith("attn.")], loaded
+  loaded = _imported_after("import experiments.kernel_bench")
+  heavy = [m for m in loaded if m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
+  assert not heavy, heavy  # the GPU machine has jax but no data libraries
+
+
+def test_no_kernel_source_imports_attn():
+  package = "kernels"
+  for name in os.listdir(os.path.join(REPO, package)):
+    if not name.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(REPO, package, name)).read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom):
+        assert not (node.module or "").startswith("attn"), f"{package}/{name} imports {node.module}"
+      elif isinstance(node, ast.Import):
+        assert not any(a.name.startswith("attn") for a in node.names), f"{package}/{name}"
