@@ -544,7 +544,9 @@ def test_no_usable_pair_is_a_data_error_with_the_counts(tmp_path):
   long_dir = tmp_path / "long"
   long_dir.mkdir()
   d = parallel_corpus(long_dir, ["eins zwei drei vier fünf"] * 2, ["one"] * 2, gz=False)
-  with pytest.raises(data.DataError, match=r"train\.de \+ .*train\.en: no training example left"):
+  with pytest.raises(data.DataError, match=r"train\.de \+ .*train\.en: no training example left "
+                     r"after the policies: of 2 pairs, 0 have an empty side \(data.empty=drop\) and 2 "
+                     r"are over max_src_len=3/max_tgt_len=128"):
     data.load(text_config(long_dir, d, max_src_len=3))
 
 

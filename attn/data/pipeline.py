@@ -393,7 +393,12 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
     counts = _token_counts(source, role, src_vocab, tgt_vocab, workdir)
     splits[role] = _apply_policies(cfg, source, role, *counts, caps)
   if not len(splits["train"]):
-    raise DataError(f"{source.describe('train')}: no training example left after the policies")
+    c = splits["train"].counts
+    raise DataError(
+        f"{source.describe('train')}: no training example left after the policies: of "
+        f"{c['read']} pairs, {c['dropped_empty']} have an empty side (data.empty={cfg.empty}) and "
+        f"{c['dropped_long']} are over max_src_len={cfg.max_src_len}/max_tgt_len="
+        f"{cfg.max_tgt_len} tokens with EOS (data.too_long={cfg.too_long})")
 
   if explicit:
     shapes = explicit
