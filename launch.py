@@ -176,16 +176,8 @@ def build_config(config, overrides):
                                   lock_config=True, sys_argv=argv)
   try:
     fv(argv)
-  except flags.Error as e:
-    raise ConfigError(cli.last_line(e)) from None
-  except (AttributeError, KeyError) as e:  # an override of a field the config does not have
-    msg = e.args[0] if e.args else e
-    msg = str(msg.args[0] if isinstance(msg, KeyError) and msg.args else msg)
-    field, _, hint = msg.partition("\n")
-    field = field.strip("'\"")
-    key = next((k for k, _ in overrides if field in k.split(".")), field)
-    raise ConfigError(f"--config.{key}: the config has no such field"
-                      + (f" ({' '.join(hint.split())})" if hint.strip() else "")) from None
+  except (flags.Error, AttributeError, KeyError) as e:
+    raise ConfigError(cli.describe_flag_error(e, argv)) from None
   return fv.config
 
 

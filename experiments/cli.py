@@ -40,6 +40,25 @@ def fail(message: str):
   sys.exit(USAGE_ERROR)
 
 
+def describe_flag_error(e: BaseException, argv) -> str:
+  """One line for an exception raised while parsing `--config=FILE:PRESET --config.KEY=VALUE`
+  flags (ml_collections raises a different type for each kind of mistake)."""
+  if isinstance(e, flags.Error):  # a bad value or flag; config-file errors embed a traceback
+    return last_line(e)
+  if isinstance(e, OSError):  # a config file that cannot be read
+    return "config file: " + str(e).strip().splitlines()[-1].strip()
+  if isinstance(e, (AttributeError, KeyError)):  # an override of a field the config lacks
+    text = str(e).replace("\\n", "\n").replace("\\'", "'")
+    field = re.search(r"'(\w+)'", text)
+    field = field.group(1) if field else text.strip("'\"")
+    hint = re.search(r"Did you mean[^\n]*\?", text)
+    keys = [a.split("=", 1)[0][len("--config."):] for a in argv if a.startswith("--config.")]
+    key = next((k for k in keys if field in k.split(".")), field)
+    return (f"--config.{key}: the config has no such field"
+            + (f" ({hint.group(0)})" if hint else ""))
+  return str(e)
+
+
 def parse_flags(argv):
   """absl flag parsing with user mistakes reported as one line (see the module docstring)."""
   try:
@@ -48,17 +67,8 @@ def parse_flags(argv):
       # A config file that failed to load becomes a placeholder raising on first use: use it now.
       flags.FLAGS.config.keys()  # pylint: disable=pointless-statement
     return rest
-  except flags.Error as e:
-    fail(last_line(e))
-  except (AttributeError, KeyError) as e:
-    # ml_collections: an override of a field the config does not have (`--config.model.decodr`).
-    text = str(e).replace("\\n", "\n").replace("\\'", "'")
-    field = re.search(r"'(\w+)'", text)
-    hint = re.search(r"Did you mean[^\n]*\?", text)
-    fail(f"unknown config field {field.group(1) if field else text!r}"
-          + (f": {hint.group(0)}" if hint else ""))
-  except OSError as e:  # a config file that cannot be read
-    fail("config file: " + str(e).strip().splitlines()[-1].strip())
+  except (flags.Error, AttributeError, KeyError, OSError) as e:
+    fail(describe_flag_error(e, argv))
   except AttnError as e:
     fail(str(e))
 

@@ -185,13 +185,12 @@ def test_a_killed_run_does_not_leave_the_lock_behind(tmp_path):
   try:
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(workdir_lib.WorkdirError, match=f"process {holder.pid}"):
-      with workdir_lib.lock(str(tmp_path)):
-        pass
+      workdir_lib.lock(str(tmp_path)).__enter__()
   finally:
     holder.kill()  # kill -9
     holder.wait()
   with workdir_lib.lock(str(tmp_path)):  # the kernel dropped the dead process's lock
-    pass
+    assert (tmp_path / workdir_lib.LOCK_FILE).read_text().strip() == str(os.getpid())
 
 
 def test_metrics_rows_past_the_restored_step_are_dropped_on_resume(tmp_path):

@@ -11,6 +11,7 @@ checkpoints stay restorable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
@@ -83,14 +84,8 @@ class Checkpoints:
     return True
 
   def close(self):
-    """Finishes or abandons pending saves and stops orbax's threads; never raises (it runs while
-    another error may be on its way out)."""
+    """Stops orbax's threads. Never raises: it runs on the way out, possibly behind an error
+    already being reported (a failed save), which must stay the one that is shown."""
     for manager in (self.latest, self.best):
-      try:
-        manager.wait_until_finished()
-      except Exception:  # pylint: disable=broad-except  (already reported by wait/check/save)
-        pass
-      try:
+      with contextlib.suppress(Exception):
         manager.close()
-      except Exception:  # pylint: disable=broad-except
-        pass

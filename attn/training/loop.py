@@ -87,17 +87,18 @@ class Run:
     return jax.random.fold_in(jax.random.PRNGKey(self.tc.seed + 1), step)
 
 
-def validate_config(config, task: Task | str = "translate") -> None:
+def validate_config(config, task: Task | str = "translate") -> TrainConfig:
   """Checks every section of an experiment config without reading data or building the model:
-  raises ConfigError / DataError naming the first bad field."""
+  raises ConfigError / DataError naming the first bad field. Returns the train section."""
   from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
   task = get_task(task) if isinstance(task, str) else task
   for section in ("data", "model", "train"):
     if section not in config:
       raise ConfigError(f"the config has no `{section}` section")
-  TrainConfig.from_config(config.train)
+  tc = TrainConfig.from_config(config.train)
   DataConfig.from_config(config.data)
   task.check_model_config(config.model)
+  return tc
 
 
 def setup(config, workdir, task: Task | str = "translate") -> Run:
@@ -106,12 +107,16 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   Nothing is written before the whole config is valid; config.json is replaced atomically, and
   only once the workdir is known to hold no checkpoints of another model.
   """
+  task = get_task(task) if isinstance(task, str) else task
+  tc = validate_config(config, task)
+  workdir_lib.prepare(workdir)
+  return _build_run(config, workdir, task, tc)
+
+
+def _build_run(config, workdir, task: Task, tc: TrainConfig) -> Run:
+  """setup() after validation, on a prepared workdir."""
   from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
 
-  task = get_task(task) if isinstance(task, str) else task
-  validate_config(config, task)
-  tc = TrainConfig.from_config(config.train)
-  workdir_lib.prepare(workdir)
   bundle = data.load(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   workdir_lib.check_model(workdir, mc)
@@ -246,10 +251,10 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   split. Returns the results dict also written to `workdir/results.json` (the last file written:
   its presence means the run finished)."""
   task = get_task(task) if isinstance(task, str) else task
-  validate_config(config, task)  # before the workdir is touched
+  tc = validate_config(config, task)  # before the workdir is touched
   workdir_lib.prepare(workdir)
   with workdir_lib.lock(workdir):
-    run = setup(config, workdir, task)
+    run = _build_run(config, workdir, task, tc)
     log.info(f"model {run.mc.decoder}/{run.mc.score}/{run.mc.normalizer}: "
              f"{count_params(run.model):,} parameters")
     ckpt = Checkpoints(workdir)
