@@ -114,10 +114,12 @@ def fused_heads(score, params, q, kp, v, *, temperature=1.0, causal=False, key_l
 
 
 @functools.partial(jax.jit, static_argnames=("score", "normalizer", "scope", "causal",
-                                             "half_width", "top_k", "keys_prepared", "fused"))
+                                             "half_width", "top_k", "keys_prepared", "fused",
+                                             "return_scores"))
 def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, temperature=1.0,
            causal=False, scope="global", scope_params=None, half_width=None, top_k=None,
-           positions=None, keys_prepared=False, key_lengths=None, fused=False):
+           positions=None, keys_prepared=False, key_lengths=None, fused=False,
+           return_scores=False):
   """Attention over keys with a named score, normalizer and scope.
 
   params: the score's parameters (None for dot / scaled_dot).
@@ -134,7 +136,21 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   fused: run the score's fused kernel (registry entry `fused`: kernels.attention for
     dot/scaled_dot, kernels.additive_attention for additive): O(T) memory, weights=None. Needs softmax, the global scope and padding given
     as key_lengths (mask=None); the same zero context for rows with no valid key.
+  return_scores: also return the raw scores e [..., Tq, Tk] (before the temperature and the
+    normalizer; -inf where the mask, causality or the scope forbid attending), so that
+    weights == normalize(e, isfinite(e), normalizer, temperature) (times the scope's gain, for
+    local_p). None where no score is formed (linear scope, fused).
   """
+  out = _attend(params, q, k, v, score=score, normalizer=normalizer, mask=mask,
+                temperature=temperature, causal=causal, scope=scope, scope_params=scope_params,
+                half_width=half_width, top_k=top_k, positions=positions,
+                keys_prepared=keys_prepared, key_lengths=key_lengths, fused=fused)
+  return out if return_scores else out[:2]
+
+
+def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, scope,
+            scope_params, half_width, top_k, positions, keys_prepared, key_lengths, fused):
+  """attend() returning (context, weights, raw scores)."""
   _check_qkv(q, k, v)
   if fused:
     why = fused_unsupported(score, normalizer, scope, mask)
@@ -145,7 +161,7 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
     params = jax.tree.map(lambda p: p[None], params)  # a leading H = 1 axis
     ctx = fused_heads(score, params, one_head(q), one_head(kp), one_head(v),
                       temperature=temperature, causal=causal, key_lengths=key_lengths)
-    return ctx[..., 0, :, :], None
+    return ctx[..., 0, :, :], None, None
   if key_lengths is not None:
     mask = masks_lib.combine(mask, masks_lib.lengths_to_mask(key_lengths, k.shape[-2])[..., None, :])
   scope_variant = get(scope, "scope")
@@ -154,7 +170,7 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
     if normalizer != "softmax" or get(score, "score").init is not None:
       raise ValueError(f"scope {scope!r} has its own similarity (feature map): use a "
                        f"parameter-free score and normalizer='softmax', got {score!r}/{normalizer!r}")
-    return scope_variant.fn(q, k, v, mask, causal=causal)
+    return (*scope_variant.fn(q, k, v, mask, causal=causal), None)
   kp = k if keys_prepared else prepare_keys(score, params, k)
   e = get(score, "score").fn(params, q, kp)  # [..., Tq, Tk]
   m = _full_mask(mask, e.shape)
@@ -166,4 +182,4 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   if gain is not None:
     w = w * gain
   ctx = jnp.einsum("...qk,...kd->...qd", w, v.astype(w.dtype))
-  return ctx.astype(v.dtype), w
+  return ctx.astype(v.dtype), w, jnp.where(m, e.astype(w.dtype), -jnp.inf)

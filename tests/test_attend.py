@@ -339,3 +339,32 @@ def test_additive_attend_with_nonzero_bias_matches_numpy_in_value_and_gradient(f
     fn = lambda x, a=a: ref_loss(*args[:a], x, *args[a + 1:])
     np.testing.assert_allclose(g, ref.numeric_grad(fn, args[a]), rtol=1e-4, atol=1e-5,
                                err_msg=f"d/d{name}")
+
+
+@pytest.mark.parametrize("normalizer", NORMALIZERS)
+@pytest.mark.parametrize("scope,opts", [("global", {}), ("window", dict(half_width=1)),
+                                        ("topk", dict(top_k=2)), ("global", dict(causal=True))])
+def test_returned_scores_are_the_raw_scores_and_renormalize_to_the_weights(normalizer, scope, opts):
+  q, k, v = _qkv(lead=(3,), Tq=5, Tk=7)
+  params = attn.init_score("general", jax.random.PRNGKey(1), 6, 6)
+  lengths = jnp.array([7, 4, 0])
+  _, w, e = attn.attend(params, q, k, v, score="general", normalizer=normalizer, scope=scope,
+                        temperature=0.6, key_lengths=lengths, return_scores=True, **opts)
+  e, w = np.asarray(e), np.asarray(w)
+  allowed = np.isfinite(e)
+  # The raw scores (no temperature) on what may be attended, -inf elsewhere.
+  np.testing.assert_allclose(e[allowed], np.asarray(ref.SCORES["general"](params, q, k))[allowed],
+                             rtol=1e-5, atol=1e-5)
+  assert not allowed[2].any() and not allowed[1][:, 4:].any()
+  if opts.get("causal"):
+    assert not np.triu(allowed[0], 1).any()
+  # A viewer re-normalizing the scores at the run's temperature gets the weights back.
+  again = attn.normalize(jnp.where(allowed, e, 0.0), jnp.asarray(allowed), kind=normalizer,
+                         temperature=0.6)
+  np.testing.assert_allclose(again, w, atol=1e-6)
+
+
+def test_variants_that_form_no_scores_return_none():
+  q, k, v = _qkv(lead=(2,), Tq=4, Tk=4)
+  assert attn.attend(None, q, k, v, scope="linear", return_scores=True)[2] is None
+  assert attn.attend(None, q, k, v, fused=True, return_scores=True)[2] is None

@@ -187,3 +187,41 @@ def test_train_step_applies_label_smoothing():
     assert float(metrics["tokens"]) == ntok_ref
     reported[a] = float(metrics["loss"])
   assert abs(reported[0.3] - reported[0.0]) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "luong_feed", "luong_nofeed",
+                                  "luong_location_entmax"])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_teacher_forcing_along_the_search_output_replays_its_attention(name, beam_size):
+  """The run viewer's raw scores come from teacher forcing along the decoded output: that must
+  replay the steps the search took (same weights), and the scores must renormalize to them."""
+  from attn import core
+  from attn.training.task import TranslationTask
+  cfg = _cfg(**VARIANTS[name])
+  model = build_model(cfg)
+  batch = _batch()
+  out = TranslationTask().decode(model, batch["src"], batch["src_lengths"], max_len=7,
+                                 beam_size=beam_size, length_penalty=0.6)
+  _, att = model.attention({**batch, "tgt": out.tokens, "tgt_lengths": out.lengths})
+  valid = np.arange(7)[None, :, None] < np.asarray(out.lengths)[:, None, None]
+  np.testing.assert_allclose(np.where(valid, att.weights, 0), out.weights, atol=1e-5)
+  e = np.asarray(att.scores)
+  again = core.normalize(jnp.where(np.isfinite(e), e, 0.0), jnp.asarray(np.isfinite(e)),
+                         kind=cfg.normalizer, temperature=cfg.temperature)
+  np.testing.assert_allclose(again, att.weights, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "luong_feed", "luong_nofeed"])
+def test_counterfactual_identity_is_teacher_forcing_and_uniform_changes_the_output(name):
+  model = build_model(_cfg(**VARIANTS[name]))
+  batch = _batch()
+  logits_tf, _ = model(batch)
+  logits, same, att = model.counterfactual(batch, lambda w, mask, t: w)
+  np.testing.assert_allclose(logits, logits_tf, atol=1e-5)
+  np.testing.assert_allclose(same, logits, atol=1e-5)
+  uniform = lambda w, mask, t: mask / jnp.maximum(mask.sum(-1, keepdims=True), 1)
+  _, cf, _ = model.counterfactual(batch, uniform)
+  # Only the step's own context changes: the rows with a single source token cannot change.
+  assert not np.allclose(np.asarray(cf)[0], np.asarray(logits)[0], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(cf)[2], np.asarray(logits)[2], atol=1e-5)
+  np.testing.assert_allclose(att.weights, model(batch)[1], atol=1e-6)

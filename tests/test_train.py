@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+import attn
 from attn import decode, training
 from attn.models import build_model
 from experiments.configs import translate as translate_config
@@ -98,6 +99,31 @@ def test_translate_cli_writes_every_promised_file(tmp_path):
     assert key in results
   assert len((wd / "predictions.txt").read_text().splitlines()) == 64  # smoke test split
   assert "| decoder |" in p.stdout
+  # attention.npz: what the run viewer reads (weights, raw scores that renormalize to them,
+  # token labels, references) for the first `attention_samples` test examples.
+  z = np.load(wd / "attention.npz")
+  assert str(z["normalizer"]) == results["normalizer"] and str(z["score"]) == "general"
+  predictions = (wd / "predictions.txt").read_text().splitlines()
+  for n, i in enumerate(z["example_ids"]):
+    w, e = z[f"weights_{i}"], z[f"scores_{i}"]
+    assert w.shape == e.shape == (len(z[f"tgt_tokens_{i}"]), len(z[f"src_tokens_{i}"]))
+    again = attn.normalize(np.where(np.isfinite(e), e, 0), np.isfinite(e),
+                           kind=str(z["normalizer"]), temperature=float(z["temperature"]))
+    np.testing.assert_allclose(again, w, atol=1e-4)
+    assert z["predictions"][n] == predictions[i]
+  # load_run restores the best checkpoint: decoding with it reproduces predictions.txt.
+  run = training.load_run(str(wd))
+  batch = next(run.bundle.batches("test"))
+  max_len = int(run.tc.max_decode_ratio * batch["src"].shape[1]) + 10  # as the run decoded
+  out = run.task.decode(run.model, batch["src"], batch["src_lengths"], max_len=max_len,
+                        beam_size=run.tc.beam_size, length_penalty=run.tc.length_penalty)
+  first = int(batch["example_id"][0])
+  assert run.bundle.tgt_vocab.decode(np.asarray(out.tokens[0]).tolist()) == predictions[first]
+
+
+def test_load_run_names_what_is_missing(tmp_path):
+  with pytest.raises(training.workdir.WorkdirError, match="no config.json: not a finished run"):
+    training.load_run(str(tmp_path))
 
 
 def test_mismatched_parallel_files_fail_before_training_with_one_line(tmp_path):

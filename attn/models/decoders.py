@@ -6,14 +6,22 @@ D decoder hidden size, V target vocabulary.
 Every decoder exposes the same pure methods, so teacher forcing and search share them:
 - `memory(enc) -> dict`: per-source arrays with a leading B axis (keys prepared once, values,
   mask, the initial state); beam search tiles it like any other state.
-- `recur(memory, state, y_prev, t, key) -> (state, features [B, F], weights [B, Ts])`: the
-  recurrent part of one step; `project(features, key) -> logits [..., V]`: the output layer.
-  Teacher forcing scans `recur` and projects all steps in one matmul (the [D, V] output layer is
-  most of a step's FLOPs); `step` = recur + project, for search.
-- `teacher_force(memory, tgt_in, dropout_key) -> (logits [B, Tt, V], weights [B, Tt, Ts] or None)`.
+- `recur(memory, state, y_prev, t, key, intervene=None) -> (state, features [B, F],
+  StepAttention)`: the recurrent part of one step; `project(features, key) -> logits [..., V]`:
+  the output layer. Teacher forcing scans `recur` and projects all steps in one matmul (the
+  [D, V] output layer is most of a step's FLOPs); `step` = recur + project, for search.
+- `teacher_force(memory, tgt_in, dropout_key) -> (logits [B, Tt, V], StepAttention of
+  [B, Tt, Ts] arrays, or None when the fused kernel never forms the weights)`.
+- `counterfactual(memory, tgt_in, intervene)`: teacher forcing that also asks, at every step,
+  what the output would have been had that step's attention been `intervene`d.
+
+`intervene(weights [B, 1, Ts], mask [B, 1, Ts], t) -> weights` replaces a step's attention
+weights before the context is formed (diagnosis: permuted, uniform, top token removed).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +32,14 @@ from attn import registry
 from attn.models.encoder import dropout
 
 
+class StepAttention(NamedTuple):
+  """What a decoder's attention formed: weights [..., Ts] (zeros for decoders without attention)
+  and the raw scores [..., Ts] (before temperature and normalizer, -inf where not attendable;
+  None when the variant forms none, e.g. linear attention)."""
+  weights: jax.Array
+  scores: jax.Array | None = None
+
+
 def _values(tree):
   """Raw arrays of a pytree of nnx.Param (None stays None)."""
   return jax.tree.map(lambda p: p[...], tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -32,6 +48,11 @@ def _values(tree):
 def _step_positions(t, B):
   """[B, 1] target positions from a scalar step (teacher forcing) or per-example steps [B] (search)."""
   return jnp.broadcast_to(jnp.asarray(t).reshape(-1, 1), (B, 1))
+
+
+def _first_query(att):
+  """StepAttention of [B, 1, Ts] arrays -> of [B, Ts] (one query per decoding step)."""
+  return jax.tree.map(lambda x: x[:, 0], att)
 
 
 def _as_params(tree):
@@ -99,19 +120,36 @@ class RecurrentDecoder(nnx.Module):
     def body(state, inputs):
       y_prev, t = inputs
       key = None if k_rec is None else jax.random.fold_in(k_rec, t)
-      state, feats, w = self.recur(memory, state, y_prev, t, key)
-      return state, (feats, w)
+      state, feats, att = self.recur(memory, state, y_prev, t, key)
+      return state, (feats, att)
 
     Tt = tgt_in.shape[1]
-    _, (feats, w) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
+    _, (feats, att) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
     logits = self.project(jnp.swapaxes(feats, 0, 1), k_out)  # [B, Tt, V]
-    return logits, jnp.swapaxes(w, 0, 1)  # [B, Tt, Ts]
+    return logits, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), att)  # [B, Tt, Ts] each
 
-  def step(self, memory, state, y_prev, t, key=None):
+  def counterfactual(self, memory, tgt_in, intervene):
+    """Teacher forcing along tgt_in [B, Tt] (no dropout) that, at every step t, also runs the
+    step from the same state with its attention replaced by `intervene` (the prefix keeps the
+    real attention, so each step's effect is measured alone, as in Jain & Wallace 2019).
+    Returns (logits [B, Tt, V], counterfactual logits [B, Tt, V], StepAttention [B, Tt, Ts])."""
+    state = self.initial_state_from_memory(memory)
+
+    def body(state, inputs):
+      y_prev, t = inputs
+      new_state, feats, att = self.recur(memory, state, y_prev, t)
+      _, feats_cf, _ = self.recur(memory, state, y_prev, t, intervene=intervene)
+      return new_state, (feats, feats_cf, att)
+
+    _, (feats, feats_cf, att) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(tgt_in.shape[1])))
+    swap = lambda x: jnp.swapaxes(x, 0, 1)
+    return (self.project(swap(feats)), self.project(swap(feats_cf)), jax.tree.map(swap, att))
+
+  def step(self, memory, state, y_prev, t, key=None, intervene=None):
     """One decoding step: (state, logits [B, V], weights [B, Ts])."""
     k_rec, k_out = (None, None) if key is None else jax.random.split(key)
-    state, feats, w = self.recur(memory, state, y_prev, t, k_rec)
-    return state, self.project(feats, k_out), w
+    state, feats, att = self.recur(memory, state, y_prev, t, k_rec, intervene=intervene)
+    return state, self.project(feats, k_out), att.weights
 
   def project(self, feats, key=None):
     """Deep output (Cho et al. 2014 eq. 6 / Bahdanau's readout): tanh(W_r feats) -> W_o."""
@@ -136,12 +174,13 @@ class NoAttentionDecoder(RecurrentDecoder):
     init = self.initial_state(enc)
     return {"c": enc.final, "mask": enc.mask, **{"init_" + k: v for k, v in init.items()}}
 
-  def recur(self, memory, state, y_prev, t, key=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
+    del intervene  # nothing to intervene on: the source enters only through the fixed vector
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb, c = self.embed_prev(y_prev, k1), memory["c"]
     carries, h = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
     feats = jnp.concatenate([h, c, emb], -1)
-    return {"carries": carries}, feats, jnp.zeros(memory["mask"].shape, jnp.float32)
+    return {"carries": carries}, feats, StepAttention(jnp.zeros(memory["mask"].shape, jnp.float32))
 
 
 class AttentionMixin:
@@ -161,15 +200,21 @@ class AttentionMixin:
     self.scope_params = _as_params(attn.init_scope(
         cfg.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.d_attn))
 
-  def attend(self, memory, q, positions):
+  def attend(self, memory, q, positions, t=None, intervene=None):
     """q: [B, Tq, dq]; positions: [B, Tq] target positions (local-m centres).
-    Returns context [B, Tq, He], weights [B, Tq, Ts]."""
+    Returns context [B, Tq, He] and StepAttention of [B, Tq, Ts] arrays. With `intervene`, the
+    context is formed from intervene(weights, mask, t) and those weights are returned."""
     cfg = self.cfg
-    return attn.attend(
+    mask = memory["mask"][:, None, :]
+    ctx, w, e = attn.attend(
         _values(self.score_params), q, memory["keys"], memory["values"], score=cfg.score,
-        normalizer=cfg.normalizer, mask=memory["mask"][:, None, :], temperature=cfg.temperature,
+        normalizer=cfg.normalizer, mask=mask, temperature=cfg.temperature,
         scope=cfg.scope, scope_params=_values(self.scope_params), half_width=cfg.half_width,
-        positions=positions, keys_prepared=True)
+        positions=positions, keys_prepared=True, return_scores=True)
+    if intervene is not None:
+      w = intervene(w, mask, t)
+      ctx = jnp.einsum("bqk,bkd->bqd", w, memory["values"].astype(w.dtype)).astype(ctx.dtype)
+    return ctx, StepAttention(w, e)
 
 
 @registry.register("decoder", "bahdanau")
@@ -190,15 +235,15 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
-  def recur(self, memory, state, y_prev, t, key=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb = self.embed_prev(y_prev, k1)
     s_prev = self.cell.h_of(state["carries"][-1])  # s_{t-1}: [B, D]
     positions = _step_positions(t, y_prev.shape[0])
-    c, w = self.attend(memory, s_prev[:, None, :], positions)  # [B, 1, He], [B, 1, Ts]
-    c, w = c[:, 0], w[:, 0]
+    c, att = self.attend(memory, s_prev[:, None, :], positions, t, intervene)  # c: [B, 1, He]
+    c, att = c[:, 0], _first_query(att)
     carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
-    return {"carries": carries}, jnp.concatenate([s, c, emb], -1), w
+    return {"carries": carries}, jnp.concatenate([s, c, emb], -1), att
 
 
 @registry.register("decoder", "luong")
@@ -254,16 +299,16 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
   def project(self, h_tilde, key=None):
     return self.out(dropout(h_tilde, self.cfg.dropout, key))  # eq. 6
 
-  def recur(self, memory, state, y_prev, t, key=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     x = self.embed_prev(y_prev, k1)
     if self.cfg.input_feeding:
       x = jnp.concatenate([x, state["h_tilde"]], -1)
     carries, h = self.run_cells(state["carries"], x, k2)
     positions = _step_positions(t, y_prev.shape[0])
-    c, w = self.attend(memory, h[:, None, :], positions)
+    c, att = self.attend(memory, h[:, None, :], positions, t, intervene)
     h_tilde = self.attentional_state(c[:, 0], h)
-    return {"carries": carries, "h_tilde": h_tilde}, h_tilde, w[:, 0]
+    return {"carries": carries, "h_tilde": h_tilde}, h_tilde, _first_query(att)
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
     if self.cfg.input_feeding:
@@ -285,9 +330,10 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     if self.cfg.fused:
       cfg = self.cfg
       lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
-      C, W = attn.attend(_values(self.score_params), H, memory["keys"], memory["values"],
+      C, _ = attn.attend(_values(self.score_params), H, memory["keys"], memory["values"],
                          score=cfg.score, temperature=cfg.temperature, key_lengths=lengths,
-                         keys_prepared=True, fused=True)  # W is None: never formed
+                         keys_prepared=True, fused=True)  # the weights are never formed
+      att = None
     else:
-      C, W = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
-    return self.project(self.attentional_state(C, H), k3), W
+      C, att = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
+    return self.project(self.attentional_state(C, H), k3), att

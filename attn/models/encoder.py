@@ -68,13 +68,17 @@ class Encoder(nnx.Module):
       d_in = cfg.enc_out_dim
     self.layers = nnx.List(layers)
 
-  def __call__(self, src, src_lengths, *, dropout_key=None) -> EncoderOutput:
-    """src: [B, Ts] int ids; src_lengths: [B]."""
+  def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None) -> EncoderOutput:
+    """src: [B, Ts] int ids; src_lengths: [B]; embed_offset: optional [B, Ts, E] added to the
+    embeddings (attribution methods differentiate with respect to it)."""
     cfg, h_of = self.cfg, registry.get(self.cfg.cell, "cell").fn.h_of
     keys = [None] * (cfg.enc_layers + 1) if dropout_key is None else list(
         jax.random.split(dropout_key, cfg.enc_layers + 1))
     mask = jnp.arange(src.shape[1])[None, :] < src_lengths[:, None]  # [B, Ts]
-    x = dropout(self.embed(src), cfg.dropout, keys[0])  # [B, Ts, E]
+    x = self.embed(src)  # [B, Ts, E]
+    if embed_offset is not None:
+      x = x + embed_offset
+    x = dropout(x, cfg.dropout, keys[0])
     for layer, key in zip(self.layers, keys[1:]):
       carry, x = layer(x, seq_lengths=src_lengths)  # x: [B, Ts, He]
       x = jnp.where(mask[..., None], x, 0.0)

@@ -25,17 +25,31 @@ class Seq2Seq(nnx.Module):
     self.encoder = Encoder(cfg, rngs=rngs)
     self.decoder = registry.get(cfg.decoder, "decoder").fn(cfg, rngs=rngs)
 
-  def memory(self, src, src_lengths, dropout_key=None):
+  def memory(self, src, src_lengths, dropout_key=None, embed_offset=None):
     """Encodes and prepares everything per-source the decoder needs (dict, leading axis B)."""
-    return self.decoder.memory(self.encoder(src, src_lengths, dropout_key=dropout_key))
+    return self.decoder.memory(self.encoder(src, src_lengths, dropout_key=dropout_key,
+                                            embed_offset=embed_offset))
 
   def __call__(self, batch, dropout_key=None):
     """Teacher-forced logits [B, Tt, V] and attention weights [B, Tt, Ts] (None when fused)."""
+    logits, att = self.attention(batch, dropout_key)
+    return logits, None if att is None else att.weights
+
+  def attention(self, batch, dropout_key=None, embed_offset=None):
+    """Teacher-forced logits [B, Tt, V] and the StepAttention (weights and raw scores, each
+    [B, Tt, Ts]; None when fused). embed_offset: [B, Ts, E] added to the source embeddings (a
+    zero offset whose gradient is the gradient with respect to the embeddings)."""
     k_enc, k_dec = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-    memory = self.memory(batch["src"], batch["src_lengths"], k_enc)
-    tgt = batch["tgt"]
-    tgt_in = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS), tgt[:, :-1]], axis=1)
-    return self.decoder.teacher_force(memory, tgt_in, k_dec)
+    memory = self.memory(batch["src"], batch["src_lengths"], k_enc, embed_offset)
+    return self.decoder.teacher_force(memory, shift_right(batch["tgt"]), k_dec)
+
+  def counterfactual(self, batch, intervene):
+    """Teacher-forced logits along batch["tgt"], and the logits each step would have had with its
+    attention replaced by `intervene(weights [B, 1, Ts], mask [B, 1, Ts], t)` (see
+    decoders.RecurrentDecoder.counterfactual). Returns (logits, logits_cf [B, Tt, V],
+    StepAttention [B, Tt, Ts])."""
+    memory = self.memory(batch["src"], batch["src_lengths"])
+    return self.decoder.counterfactual(memory, shift_right(batch["tgt"]), intervene)
 
   def step_fn(self):
     """`step(state, y_prev) -> (state, log_probs [B, V], weights [B, Ts])` for attn.decode; the
@@ -53,6 +67,11 @@ class Seq2Seq(nnx.Module):
     memory = self.memory(src, src_lengths)
     return {"memory": memory, "dec": self.decoder.initial_state_from_memory(memory),
             "t": jnp.zeros((src.shape[0],), jnp.int32)}
+
+
+def shift_right(tgt):
+  """Decoder input: BOS + tgt[:, :-1] ([B, Tt])."""
+  return jnp.concatenate([jnp.full_like(tgt[:, :1], BOS), tgt[:, :-1]], axis=1)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Seq2Seq:

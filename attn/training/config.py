@@ -44,7 +44,8 @@ class TrainConfig:
   beam_size: int = option(1, "test decoding beam; 1 = greedy")
   length_penalty: float = option(0.6, "beam search length penalty alpha (GNMT)")
   max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
-  attention_samples: int = option(16, "examples whose attention goes to attention.npz")
+  attention_samples: int = option(64, "examples whose attention (weights and raw scores) goes "
+                                  "to attention.npz, for the run viewer and the diagnosis")
   divergence_factor: float = option(
       10.0, "stop (saving nothing more) when the training loss exceeds this multiple of "
       "log(target vocabulary), the loss of a uniform guess; a non-finite loss always stops; 0 = "

@@ -49,7 +49,7 @@ def decode_batch(task, graphdef, params, src, src_lengths, *, max_len, beam_size
                      beam_size=beam_size, length_penalty=length_penalty)
 
 
-def teacher_forced_weights(task, graphdef, params, batch):
+def teacher_forced_attention(task, graphdef, params, batch):
   return task.attention(nnx.merge(graphdef, params), batch)
 
 
@@ -61,19 +61,27 @@ def params_view(run):
 
 @dataclasses.dataclass
 class Outputs:
-  """Decoded outputs of a split, by example_id: text, lengths and attention [Tt, Ts] per example."""
+  """Decoded outputs of a split, by example_id: text, lengths and attention [Tt, Ts] per example
+  (`scores`: the raw attention scores behind the weights, when asked for and formed)."""
   text: dict
   weights: dict
   src_lengths: dict
   src_labels: dict
   tgt_labels: dict
+  scores: dict = dataclasses.field(default_factory=dict)
 
 
-def decode_split(run, role, *, beam_size, max_sentences=None) -> Outputs:
-  """Decodes `role` (or its first `max_sentences` examples, in batch order)."""
+def decode_split(run, role, *, beam_size, max_sentences=None, with_scores=False) -> Outputs:
+  """Decodes `role` (or its first `max_sentences` examples, in batch order).
+
+  with_scores: also the raw attention scores of each output step, from teacher forcing the
+  model along its own output (the decoder state is a function of the prefix, so this replays
+  the steps the search took: the same queries, hence the same scores).
+  """
   graphdef, params = params_view(run)
   src_vocab, vocab = run.bundle.src_vocab, run.bundle.tgt_vocab
   out = Outputs({}, {}, {}, {}, {})
+  replay = jitted(teacher_forced_attention, run.task, graphdef)
   for batch in run.bundle.batches(role):
     Ts = batch["src"].shape[1]
     max_len = int(run.tc.max_decode_ratio * Ts) + 10
@@ -81,6 +89,11 @@ def decode_split(run, role, *, beam_size, max_sentences=None) -> Outputs:
                 beam_size=beam_size, length_penalty=run.tc.length_penalty)
     res = fn(params, jnp.asarray(batch["src"]), jnp.asarray(batch["src_lengths"]))
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
+    scores = None
+    if with_scores and run.mc.has_attention:
+      att = replay(params, {"src": batch["src"], "src_lengths": batch["src_lengths"],
+                            "tgt": res.tokens, "tgt_lengths": res.lengths})
+      scores = None if att is None or att.scores is None else np.asarray(att.scores)
     for i, ex in enumerate(batch["example_id"]):
       ex = int(ex)
       if ex < 0:
@@ -91,6 +104,8 @@ def decode_split(run, role, *, beam_size, max_sentences=None) -> Outputs:
       # One label per attention column / row (EOS included; an output cut at max_len has none).
       out.src_labels[ex] = src_vocab.labels(batch["src"][i][:batch["src_lengths"][i]])
       out.tgt_labels[ex] = vocab.labels(tokens[i][:lengths[i]])
+      if scores is not None:
+        out.scores[ex] = scores[i, :lengths[i], :batch["src_lengths"][i]]
     if max_sentences and len(out.text) >= max_sentences:
       break
   return out
@@ -118,12 +133,13 @@ def alignment_scores(run, role="test") -> dict:
   """Teacher-forced attention against the gold alignments of a built-in task: AER of the argmax
   links and the attention mass on gold links, pooled over the split."""
   graphdef, params = params_view(run)
-  forward = jitted(teacher_forced_weights, run.task, graphdef)
+  forward = jitted(teacher_forced_attention, run.task, graphdef)
   preds, golds, tl, sl = [], [], [], []
   for batch in run.bundle.batches(role):
-    w = forward(params, device_batch(batch))
-    if w is None:
+    att = forward(params, device_batch(batch))
+    if att is None:
       return {}  # the fused kernel never forms the weights
+    w = att.weights
     keep = batch["example_id"] >= 0
     preds.append(np.asarray(w)[keep])
     golds.append(batch["alignments"][keep])
@@ -138,6 +154,47 @@ def alignment_scores(run, role="test") -> dict:
           "attention_on_gold": metrics_lib.attention_on_gold(w, g, tl, sl)}
 
 
+def renormalizes(weights, scores, normalizer, temperature, tol=1e-3) -> bool:
+  """Whether `weights` [Tt, Ts] are normalizer(scores / temperature) over the finite scores: what
+  a viewer re-normalizing the scores at another temperature assumes (false under local-p's
+  Gaussian gain, or if the replayed steps drifted from the search's)."""
+  from attn import core  # pylint: disable=import-outside-toplevel
+  s = np.asarray(scores, np.float32)
+  w = core.normalize(jnp.asarray(np.where(np.isfinite(s), s, 0.0)), jnp.asarray(np.isfinite(s)),
+                     kind=normalizer, temperature=temperature)
+  return bool(np.max(np.abs(np.asarray(w) - weights), initial=0.0) <= tol)
+
+
+def write_attention(run, role, hyps: Outputs, sample) -> None:
+  """attention.npz for the examples `sample` (ids): per example the weights of each output step
+  `weights_{id}` [Tt, Ts], the raw scores `scores_{id}` [Tt, Ts] (-inf = not attendable; only
+  when the weights re-normalize from them, see `renormalizes`), the token labels
+  `src_tokens_{id}` [Ts] and `tgt_tokens_{id}` [Tt]; per sample `example_ids`, `sources`,
+  `predictions`, `references`; and the run's `decoder`, `score`, `normalizer`, `scope` and
+  `temperature`. Rows are output tokens (EOS included), columns source tokens (EOS included)."""
+  mc = run.mc
+  with_scores = all(i in hyps.scores and renormalizes(
+      hyps.weights[i], hyps.scores[i], mc.normalizer, mc.temperature) for i in sample)
+  if run.mc.has_attention and hyps.scores and not with_scores:
+    log.warning("attention.npz: the weights are not normalizer(scores / temperature) for this "
+                f"variant (scope {mc.scope!r}), so no raw scores are stored")
+  sources, refs = run.bundle.sources(role), run.bundle.references(role)
+  arrays = {}
+  for i in sample:
+    arrays[f"weights_{i}"] = hyps.weights[i]
+    arrays[f"src_tokens_{i}"] = np.array(hyps.src_labels[i], dtype=str)
+    arrays[f"tgt_tokens_{i}"] = np.array(hyps.tgt_labels[i], dtype=str)
+    if with_scores:
+      arrays[f"scores_{i}"] = hyps.scores[i]
+  np.savez_compressed(
+      os.path.join(run.workdir, "attention.npz"), **arrays,
+      example_ids=np.array(sample, dtype=np.int64), sources=np.array([sources[i] for i in sample]),
+      predictions=np.array([hyps.text[i] for i in sample]),
+      references=np.array([refs[i] for i in sample]),
+      decoder=mc.decoder, score=mc.score, normalizer=mc.normalizer, scope=mc.scope,
+      temperature=np.float32(mc.temperature))
+
+
 def write_results(run, ckpt, role="test") -> dict:
   """Decodes `role` with the best checkpoint (else the last) and writes the result files;
   results.json comes last, so its presence means every other file is complete."""
@@ -150,7 +207,7 @@ def write_results(run, ckpt, role="test") -> dict:
   if role not in run.bundle.splits:
     role = "eval"
   t0 = time.time()
-  hyps = decode_split(run, role, beam_size=run.tc.beam_size)
+  hyps = decode_split(run, role, beam_size=run.tc.beam_size, with_scores=True)
   decode_s = time.time() - t0
   scores = score_outputs(run, role, hyps)
   if run.bundle.has_alignments and run.mc.has_attention:
@@ -162,12 +219,7 @@ def write_results(run, ckpt, role="test") -> dict:
   results_lib.write_text(os.path.join(run.workdir, "predictions.txt"),
                          "".join(hyps.text[i] + "\n" for i in ids))
   sample = ids[:run.tc.attention_samples]
-  sources = run.bundle.sources(role)
-  np.savez_compressed(
-      os.path.join(run.workdir, "attention.npz"),
-      **{f"weights_{i}": hyps.weights[i] for i in sample},
-      example_ids=np.array(sample), sources=np.array([sources[i] for i in sample]),
-      predictions=np.array([hyps.text[i] for i in sample]))
+  write_attention(run, role, hyps, sample)
   if run.mc.has_attention and sample:
     from attn import viz  # pylint: disable=import-outside-toplevel
     i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source

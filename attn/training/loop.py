@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import time
@@ -113,19 +114,47 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   return _build_run(config, workdir, task, tc)
 
 
-def _build_run(config, workdir, task: Task, tc: TrainConfig) -> Run:
-  """setup() after validation, on a prepared workdir."""
+def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True) -> Run:
+  """setup() after validation, on a prepared workdir (record=False: write no config or model
+  record, for reading a finished run)."""
   from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
 
   bundle = data.load(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   workdir_lib.check_model(workdir, mc)
-  results_lib.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
-  workdir_lib.record_model(workdir, mc)
+  if record:
+    results_lib.write_text(os.path.join(workdir, "config.json"),
+                           config.to_json_best_effort(indent=1))
+    workdir_lib.record_model(workdir, mc)
   model = task.build_model(mc, seed=tc.seed)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   return Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state)
+
+
+def load_run(workdir, task: Task | str = "translate") -> Run:
+  """The finished run in `workdir`, its best checkpoint (else the latest) restored into
+  `run.model`, for analysis: the viewer, the diagnosis, notebooks. Reads config.json and the
+  saved vocabularies; writes no config, record or checkpoint."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  task = get_task(task) if isinstance(task, str) else task
+  for name in ("config.json", "results.json"):
+    if not os.path.exists(os.path.join(workdir, name)):
+      raise workdir_lib.WorkdirError(
+          f"{workdir} has no {name}: not a finished run (train it first, e.g. python -m "
+          f"experiments.translate --config=experiments/configs/translate.py:demo "
+          f"--workdir={workdir})")
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  run = _build_run(config, workdir, task, validate_config(config, task), record=False)
+  ckpt = Checkpoints(workdir)
+  try:
+    if not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
+      raise workdir_lib.WorkdirError(f"{workdir} holds no checkpoint to restore")
+  finally:
+    ckpt.close()
+  nnx.update((run.model, run.optimizer), run.state)
+  return run
 
 
 def _progress(run, m, seconds, steps, tokens):

@@ -43,7 +43,8 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def attention(self, model, batch):
-    """Teacher-forced attention weights [B, Tt, Ts], or None when the model never forms them."""
+    """Teacher-forced `StepAttention` (weights and raw scores, [B, Tt, Ts] each) along
+    batch["tgt"], or None when the model never forms the weights (fused)."""
 
   @abc.abstractmethod
   def score(self, bundle, role, hyps: dict, src_lengths: dict) -> dict:
@@ -86,7 +87,7 @@ class TranslationTask(Task):
                                   beam_size=beam_size, length_penalty=length_penalty)
 
   def attention(self, model, batch):
-    return model(batch)[1]
+    return model.attention(batch)[1]
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """BLEU/chrF for text tasks, exact match (+ per source-length bucket) for built-in tasks."""
