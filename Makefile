@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run demo test clean
+.PHONY: setup run demo browser test clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,18 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m experiments.demo
 
-test: $(STAMP)
+# Headless Chromium for the page tests (the run viewer, the reading-focus demo), from the OS
+# packages when we are root with apt; otherwise those tests skip with one line saying why.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium and chromium-driver for the browser tests"; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "could not install chromium: the browser tests will skip"; \
+	else echo "chromium is not installed and this is not root with apt: the browser tests will skip"; fi
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -30,6 +30,7 @@ from flax import nnx
 import attn
 from attn import registry
 from attn.models.encoder import dropout
+from attn.models.params import as_params, values
 
 
 class StepAttention(NamedTuple):
@@ -40,11 +41,6 @@ class StepAttention(NamedTuple):
   scores: jax.Array | None = None
 
 
-def _values(tree):
-  """Raw arrays of a pytree of nnx.Param (None stays None)."""
-  return jax.tree.map(lambda p: p[...], tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
 def _step_positions(t, B):
   """[B, 1] target positions from a scalar step (teacher forcing) or per-example steps [B] (search)."""
   return jnp.broadcast_to(jnp.asarray(t).reshape(-1, 1), (B, 1))
@@ -53,10 +49,6 @@ def _step_positions(t, B):
 def _first_query(att):
   """StepAttention of [B, 1, Ts] arrays -> of [B, Ts] (one query per decoding step)."""
   return jax.tree.map(lambda x: x[:, 0], att)
-
-
-def _as_params(tree):
-  return None if tree is None else nnx.data(jax.tree.map(nnx.Param, tree))
 
 
 class RecurrentDecoder(nnx.Module):
@@ -195,9 +187,9 @@ class AttentionMixin:
   def init_attention(self, d_query, rngs):
     cfg = self.cfg
     key = rngs.params()
-    self.score_params = _as_params(attn.init_score(
+    self.score_params = as_params(attn.init_score(
         cfg.score, key, d_query, self.d_keys, d_attn=cfg.d_attn, max_len=cfg.max_src_len))
-    self.scope_params = _as_params(attn.init_scope(
+    self.scope_params = as_params(attn.init_scope(
         cfg.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.d_attn))
 
   def attend(self, memory, q, positions, t=None, intervene=None):
@@ -207,9 +199,9 @@ class AttentionMixin:
     cfg = self.cfg
     mask = memory["mask"][:, None, :]
     ctx, w, e = attn.attend(
-        _values(self.score_params), q, memory["keys"], memory["values"], score=cfg.score,
+        values(self.score_params), q, memory["keys"], memory["values"], score=cfg.score,
         normalizer=cfg.normalizer, mask=mask, temperature=cfg.temperature,
-        scope=cfg.scope, scope_params=_values(self.scope_params), half_width=cfg.half_width,
+        scope=cfg.scope, scope_params=values(self.scope_params), half_width=cfg.half_width,
         positions=positions, keys_prepared=True, return_scores=True)
     if intervene is not None:
       w = intervene(w, mask, t)
@@ -231,7 +223,7 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
 
   def memory(self, enc):
     init = self.initial_state(enc)
-    keys = attn.prepare_keys(self.cfg.score, _values(self.score_params), enc.outputs)  # U h_j once
+    keys = attn.prepare_keys(self.cfg.score, values(self.score_params), enc.outputs)  # U h_j once
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
@@ -289,7 +281,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     init = self.initial_state(enc)
     init["h_tilde"] = jnp.zeros(enc.final.shape[:1] + (self.cfg.dec_hidden,), enc.final.dtype)
     keys = enc.outputs if self.key_proj is None else self.key_proj(enc.outputs)
-    keys = attn.prepare_keys(self.cfg.score, _values(self.score_params), keys)
+    keys = attn.prepare_keys(self.cfg.score, values(self.score_params), keys)
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
@@ -330,7 +322,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     if self.cfg.fused:
       cfg = self.cfg
       lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
-      C, _ = attn.attend(_values(self.score_params), H, memory["keys"], memory["values"],
+      C, _ = attn.attend(values(self.score_params), H, memory["keys"], memory["values"],
                          score=cfg.score, temperature=cfg.temperature, key_lengths=lengths,
                          keys_prepared=True, fused=True)  # the weights are never formed
       att = None

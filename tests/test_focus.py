@@ -1,0 +1,203 @@
+"""The reading-focus demo: story generator, reader, training, evaluation files and the API."""
+
+import json
+import re
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import attn
+from attn import focus, stories
+from attn.models import reader
+from attn.errors import ConfigError
+from attn.tokens import UNK
+
+MIXED = stories.StoryConfig(object_questions=0.5, min_sentences=3, max_sentences=10)
+NORMALIZERS = attn.canonical_names("normalizer")
+_SENTENCE = re.compile(r"^(\w+) (.+?) the (\w+)\.$")
+
+
+def _replay(sentences):
+  """Parses a story back into events (kind, actor, place or object) without the generator."""
+  events = []
+  for s in sentences:
+    actor, verb, thing = _SENTENCE.match(s).groups()
+    kind = ("move" if verb in stories.MOVE_VERBS else "take" if verb in stories.TAKE_VERBS
+            else "drop")
+    assert verb in stories.MOVE_VERBS + stories.TAKE_VERBS + stories.DROP_VERBS, s
+    events.append((kind, actor, thing))
+  return events
+
+
+def test_gold_evidence_is_the_last_move_of_the_asked_actor_or_holder():
+  examples = stories.generate(400, 7, MIXED)
+  kinds = {ex.kind for ex in examples}
+  assert kinds == {"actor", "object"}
+  for ex in examples:
+    events = _replay(ex.sentences)
+    assert MIXED.min_sentences <= len(ex.sentences) <= MIXED.max_sentences
+    if ex.kind == "actor":
+      actor = re.match(r"Where is (\w+)\?$", ex.question).group(1)
+      moves = [i for i, (k, a, _) in enumerate(events) if k == "move" and a == actor]
+      assert ex.support == moves[-1] and ex.supports == (moves[-1],)
+    else:
+      obj = re.match(r"Where is the (\w+)\?$", ex.question).group(1)
+      handled = [i for i, (k, _, o) in enumerate(events) if k in ("take", "drop") and o == obj]
+      take = handled[-1]
+      assert events[take][0] == "take"  # still held at the end
+      actor = events[take][1]
+      moves = [i for i, (k, a, _) in enumerate(events) if k == "move" and a == actor]
+      assert ex.support == moves[-1] and ex.supports == tuple(sorted((take, moves[-1])))
+    assert ex.answer == events[ex.support][2] and ex.answer in MIXED.places
+
+
+def test_generator_is_deterministic_by_seed_and_the_vocabulary_covers_it():
+  a, b, c = (stories.generate(60, s, MIXED) for s in (3, 3, 4))
+  assert a == b and a != c
+  vocab = stories.Vocab.for_config(MIXED)
+  arr = stories.encode(a, vocab, MIXED)
+  assert arr.story.shape[:2] == (60, MIXED.max_sentences) and arr.question.shape[0] == 60
+  assert not (arr.story == UNK).any() and not (arr.question == UNK).any()
+  assert (arr.story_mask.sum(1) == [len(ex.sentences) for ex in a]).all()
+  assert (arr.support < arr.story_mask.sum(1)).all()
+  assert [MIXED.places[i] for i in arr.answer] == [ex.answer for ex in a]
+  assert stories.tokenize("Where is Mary?") == ["where", "is", "mary"]
+  assert stories.split_sentences("Mary went to the kitchen. John left\n\n the milk.\n") == [
+      "Mary went to the kitchen.", "John left", "the milk."]
+
+
+@pytest.mark.parametrize("score,normalizer", [("dot", n) for n in NORMALIZERS] + [
+    ("general", "entmax15"), ("additive", "sparsemax"), ("location", "softmax")])
+def test_reader_weights_are_the_normalized_raw_scores(score, normalizer):
+  sc = stories.StoryConfig(max_sentences=7)
+  vocab = stories.Vocab.for_config(sc)
+  data = stories.encode(stories.generate(5, 0, sc), vocab, sc)
+  model = reader.build(reader.ReaderConfig(len(vocab), len(sc.places), 7, dim=8, score=score,
+                                           normalizer=normalizer, d_attn=6, init_scale=1.0))
+  graphdef, state = nnx.split(model)
+  for t in (0.3, 2.0):
+    out = reader.read(graphdef, state, data.story, data.story_mask, data.question, t)
+    assert out.log_probs.shape == (5, len(sc.places)) and out.weights.shape == (5, 7)
+    mask = data.story_mask[:, None, :]
+    want = attn.normalize(out.scores[:, None, :] / t, mask, kind=normalizer)[:, 0]
+    np.testing.assert_allclose(out.weights, want, atol=1e-6)
+    assert (np.asarray(out.weights)[~data.story_mask] == 0).all()
+    np.testing.assert_allclose(np.exp(out.log_probs).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_position_encoding_matches_memn2n_and_ignores_padding():
+  l = np.asarray(reader.position_encoding(np.array([3]), 5, 4))[0]  # [W, d]
+  j, k = 2, 3  # 1-based
+  assert l[j - 1, k - 1] == pytest.approx((1 - j / 3) - (k / 4) * (1 - 2 * j / 3))
+  assert (l[3:] == 0).all()
+  np.testing.assert_array_equal(reader.ages(np.array([[1, 1, 1, 0]], bool), 12), [[2, 1, 0, 0]])
+
+
+SMALL = focus.FocusConfig(
+    stories=stories.StoryConfig(max_sentences=8), normalizers=("softmax", "sparsemax"),
+    temperatures=(0.1, 1.0, 10.0), dim=24, steps=300, train_size=2000, test_size=300,
+    num_samples=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """Two readers trained for 300 steps (~2 s each here) and the workdir they were saved in."""
+  workdir = str(tmp_path_factory.mktemp("focus"))
+  results = focus.train_and_evaluate(SMALL, workdir, page="<html></html>", verbose=False)
+  return results, workdir
+
+
+def test_short_training_finds_the_evidence_and_answers_well_above_chance(trained):
+  results, _ = trained
+  base = results["baselines"]
+  assert base["evidence_uniform"] < 0.25 and base["answer_uniform"] < 0.2
+  for name in SMALL.normalizers:
+    row = next(r for r in results["normalizers"][name]["eval"] if r["temperature"] == 1.0)
+    # Measured 0.95-1.0 for both after 300 steps; chance is ~0.2 and ~0.17.
+    assert row["evidence_hit_rate"] > 0.75, (name, row)
+    assert row["answer_accuracy"] > 0.75, (name, row)
+
+
+def test_a_lower_temperature_raises_the_max_weight(trained):
+  results, _ = trained
+  for name in SMALL.normalizers:
+    max_w = [r["mean_max_weight"] for r in results["normalizers"][name]["eval"]]  # T ascending
+    assert max_w[0] > max_w[1] > max_w[2], (name, max_w)
+    assert max_w[0] > 0.95
+
+
+def test_the_workdir_holds_results_table_page_and_a_servable_model(trained):
+  results, workdir = trained
+  with open(f"{workdir}/{focus.RESULTS_FILE}") as f:
+    assert json.load(f) == json.loads(json.dumps(results))
+  with open(f"{workdir}/{focus.TABLE_FILE}") as f:
+    table = f.read()
+  assert "| softmax |" in table and "**sparsemax** by inference temperature" in table
+  service = focus.FocusService.from_workdir(workdir)
+  assert service.info()["normalizers"] == list(SMALL.normalizers)
+  assert len(service.info()["samples"]) == 3
+  ex = service.samples[0]
+  out = service.read("\n".join(ex["sentences"]), ex["question"], 1.0, "sparsemax")
+  assert out["sentences"] == ex["sentences"] and abs(sum(out["weights"]) - 1) < 1e-5
+  assert out["answer"] in SMALL.stories.places and 0 < out["answer_prob"] <= 1
+
+
+@pytest.fixture(scope="module")
+def service():
+  """A randomly initialized reader behind the service (the API's behaviour, not its accuracy)."""
+  sc = stories.StoryConfig(max_sentences=6)
+  vocab = stories.Vocab.for_config(sc)
+  cfg = focus.FocusConfig(stories=sc, normalizers=("softmax",), dim=8)
+  return focus.FocusService(sc, vocab, {"softmax": reader.build(cfg.reader_config("softmax",
+                                                                                  len(vocab)))})
+
+
+def test_the_service_reports_unknown_words_and_refuses_what_it_cannot_read(service):
+  out = service.read("Mary zorped to the kitchen.\nJohn went to the garden.", "Where is Mary now?")
+  assert out["unknown_words"] == ["zorped", "now"] and len(out["weights"]) == 2
+  for story, question, t, n, match in [
+      ("Mary went to the kitchen.", "  ?", 1, None, "question is empty"),
+      ("", "Where is Mary?", 1, None, "story is empty"),
+      ("Mary went to the kitchen.", "Where is Mary?", "hot", None, "number"),
+      ("Mary went to the kitchen.", "Where is Mary?", 0, None, "must lie in"),
+      ("Mary went to the kitchen.", "Where is Mary?", 1, "sparsemax", "not trained"),
+      (". ".join(["Mary went to the kitchen"] * 7), "Where is Mary?", 1, None, "at most 6"),
+  ]:
+    with pytest.raises(focus.BadRequest, match=match):
+      service.read(story, question, t, n)
+
+
+def test_the_http_api_answers_400_with_a_json_error_for_an_empty_question(service):
+  server = focus.make_server(service, "<html>page</html>", port=0)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  base = f"http://127.0.0.1:{server.server_port}"
+  try:
+    query = urllib.parse.urlencode({"story": "Mary went to the kitchen.", "question": ""})
+    with pytest.raises(urllib.error.HTTPError) as err:
+      urllib.request.urlopen(f"{base}/api/read?{query}", timeout=30)
+    assert err.value.code == 400
+    assert "question is empty" in json.loads(err.value.read())["error"]
+    query = urllib.parse.urlencode({"story": "Mary went to the kitchen.",
+                                    "question": "Where is Mary?", "temperature": "0.5"})
+    with urllib.request.urlopen(f"{base}/api/read?{query}", timeout=30) as r:
+      body = json.loads(r.read())
+    assert body["weights"] == [1.0] and body["temperature"] == 0.5
+    with urllib.request.urlopen(f"{base}/", timeout=30) as r:
+      assert r.read() == b"<html>page</html>"
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def test_bad_config_values_are_config_errors():
+  with pytest.raises(ConfigError, match="unknown normalizer"):
+    focus.FocusConfig(normalizers=("softmax", "nope"))
+  with pytest.raises(ConfigError, match="temperatures"):
+    focus.FocusConfig(temperatures=(0.0,))
+  with pytest.raises(ConfigError, match="min_sentences"):
+    stories.StoryConfig(min_sentences=5, max_sentences=3)
