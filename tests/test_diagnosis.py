@@ -16,7 +16,6 @@ from scipy import stats
 
 from attn import diagnosis, training
 from attn.models import ModelConfig, build_model
-from experiments.configs import translate as translate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -256,14 +255,9 @@ def test_shifted_gold_moves_links_and_drops_them_at_the_edges():
 # ----------------------------------------------------------------------------- end to end
 
 @pytest.fixture(scope="module")
-def smoke_workdir(tmp_path_factory):
-  """One trained smoke run (decoder=bahdanau) shared by the end-to-end tests."""
-  workdir = str(tmp_path_factory.mktemp("smoke_bahdanau"))
-  config = translate_config.get_config("smoke")
-  config.model.decoder = "bahdanau"
-  config.data.num_buckets = 1  # one batch shape: one compilation of each function, here and below
-  training.train_and_evaluate(config, workdir)
-  return workdir
+def smoke_workdir(smoke_bahdanau_workdir):
+  """The session's trained smoke run (decoder=bahdanau; tests/conftest.py)."""
+  return smoke_bahdanau_workdir
 
 
 @pytest.fixture(scope="module")

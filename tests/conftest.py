@@ -1,0 +1,18 @@
+"""Fixtures shared by several test files."""
+
+import pytest
+
+from attn import training
+from experiments.configs import translate as translate_config
+
+
+@pytest.fixture(scope="session")
+def smoke_bahdanau_workdir(tmp_path_factory):
+  """One finished smoke run (decoder=bahdanau, one bucket shape), trained once per session and
+  read by the diagnosis and notebook tests (which must not modify its checkpoints)."""
+  workdir = str(tmp_path_factory.mktemp("smoke_bahdanau"))
+  config = translate_config.get_config("smoke")
+  config.model.decoder = "bahdanau"
+  config.data.num_buckets = 1  # one batch shape: one compilation of each function downstream
+  training.train_and_evaluate(config, workdir)
+  return workdir
