@@ -97,6 +97,30 @@ def _quiet_closed_loop_callbacks():
   sys.unraisablehook = hook
 
 
+def define_distributed_flags():
+  """Flags of a run over several processes (jax.distributed); read by `start_distributed`."""
+  flags.DEFINE_enum("distributed", "none", ["none", "auto"],
+                    "auto: start jax.distributed from the cluster's environment (Slurm, Cloud TPU "
+                    "pod); none: one process, unless the explicit flags below are given.")
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0, for a run over several processes without a "
+                      "cluster manager (e.g. 127.0.0.1:12355 for local processes).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index in [0, --num_processes).")
+
+
+def start_distributed() -> bool:
+  """jax.distributed from the flags of `define_distributed_flags`, before any JAX computation;
+  processes other than 0 then log warnings only. Returns whether it started."""
+  from attn.training import distributed  # pylint: disable=import-outside-toplevel
+  f = flags.FLAGS
+  started = distributed.initialize(f.distributed, coordinator_address=f.coordinator_address,
+                                   num_processes=f.num_processes, process_id=f.process_id)
+  if started and not distributed.is_primary():
+    logging.getLogger("attn").setLevel(logging.WARNING)  # process 0 reports the progress
+  return started
+
+
 def run(main):
   """`absl.app.run(main)` with the project's conventions (see the module docstring)."""
 

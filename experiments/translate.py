@@ -3,6 +3,11 @@ r"""Train and evaluate a seq2seq model with or without attention.
     python -m experiments.translate --config=experiments/configs/translate.py:multi30k \
         --config.model.decoder=bahdanau --config.model.score=additive --workdir=workdirs/m30k
 
+Several devices: every local device goes on the data axis (`--config.train.mesh_shape` picks
+another mesh). Several hosts: `--distributed=auto` inside a Slurm job or on a Cloud TPU pod, or
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` on each process; every
+process gets the same flags and --workdir (on a shared filesystem); see docs/scale.md.
+
 Rerunning with the same --workdir resumes from its latest checkpoint. Writes config.json,
 metrics.jsonl (+ TensorBoard events), checkpoints/, best/, predictions.txt, results.json,
 attention.npz and attention.png into the workdir. Bad input (missing files, mismatched line
@@ -19,6 +24,7 @@ config_flags.DEFINE_config_file("config", "experiments/configs/translate.py:mult
                                 "Experiment config (path.py:preset).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Output directory (resumes if it holds a checkpoint).")
 flags.mark_flags_as_required(["workdir"])
+cli.define_distributed_flags()
 
 
 def validate_config(config):
@@ -30,9 +36,13 @@ def validate_config(config):
 
 def main(argv):
   del argv
+  started = cli.start_distributed()  # before any JAX computation
   from attn import training  # pylint: disable=import-outside-toplevel  (after flag parsing)
   results = training.train_and_evaluate(FLAGS.config, FLAGS.workdir, task="translate")
-  print(training.results_table([results]))
+  if training.distributed.is_primary():
+    print(training.results_table([results]))
+  if started:
+    training.distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -189,24 +189,40 @@ class DataBundle:
     return _Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
                     src.read_alignment if self.has_alignments else None)
 
-  def train_dataset(self):
-    """Infinite grain.MapDataset of training batches; element k = the batch of step k."""
-    import grain  # pylint: disable=import-outside-toplevel
-    return grain.MapDataset.source(self._plan).map(self._collate("train"))
+  def train_dataset(self, select_rows=None):
+    """Infinite grain.MapDataset of training batches; element k = the batch of step k.
 
-  def train_iter(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Training batches from `start_step` on (resume with the number of batches consumed).
+    select_rows: for data parallel training over several processes, a function from a global
+    batch's rows ([B] record rows, -1 = filler) to the rows this process reads (see
+    attn.training.distributed.RowShard); a row -1 becomes a filler row. None: the whole batch.
+    """
+    import grain  # pylint: disable=import-outside-toplevel
+    ds = grain.MapDataset.source(self._plan)
+    if select_rows is not None:
+      ds = ds.map(lambda item: (item[0], select_rows(item[1])))
+    return ds.map(self._collate("train"))
+
+  def train_iter(self, start_step: int = 0, select_rows=None) -> Iterator[dict[str, np.ndarray]]:
+    """Training batches from `start_step` on (resume with the number of batches consumed);
+    `select_rows`: see train_dataset (every process computes the same global plan and reads
+    only its rows of each batch).
 
     With data.num_threads > 0, grain threads prepare data.prefetch batches ahead. The iterator's
     get_state()/set_state() ({"next_index": k}, relative to start_step) also checkpoint it.
     """
     import grain  # pylint: disable=import-outside-toplevel
-    ds = self.train_dataset().slice(slice(int(start_step), None))
+    ds = self.train_dataset(select_rows).slice(slice(int(start_step), None))
     if self.config.num_threads <= 0:
       return (ds[i] for i in range(len(ds)))
     opts = grain.ReadOptions(num_threads=self.config.num_threads,
                              prefetch_buffer_size=self.config.prefetch)
     return iter(ds.to_iter_dataset(opts))
+
+  def train_tokens(self, step: int) -> int:
+    """Target tokens (EOS included) of the whole global batch of `step`, from the plan (no
+    record is read): what each process counts when it reads only its own rows."""
+    _, rows = self._plan[step]
+    return int(self.splits["train"].tgt_len[rows[rows >= 0]].sum())
 
   def eval_plan(self, role: str) -> list:
     sp = self.splits[role]

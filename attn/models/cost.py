@@ -1,4 +1,5 @@
-"""Analytic matmul FLOPs of a seq2seq training step, from the registry's cost facts.
+"""Matmul FLOPs of a seq2seq training step: analytic, from the registry's cost facts, and
+counted on the traced step (`jaxpr_matmuls`), which checks the analytic count.
 
 The cell's `gates`, the decoder's `cell_input_dim` / `readout_flops` / `attention_dims` and the
 score's `cost` (attn.scores.ScoreCost) each come from that variant's own entry, so a new decoder
@@ -6,6 +7,11 @@ or score brings its cost with it.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
 
 from attn import registry
 from attn.models.config import ModelConfig
@@ -35,5 +41,62 @@ def forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
 
 
 def train_step_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
-  """Forward + backward (counted as twice the forward)."""
+  """Forward + backward, the backward counted as twice the forward: every matmul y = x W has
+  two transposes, dx = dy W^T and dW = x^T dy, each as large as the forward one. That holds
+  for every matmul of the step, the encoder's first layer included (its dx is the embeddings'
+  gradient); the embedding lookups are gathers, not matmuls, and count nothing. Checked against
+  the traced step's dot_generals (`jaxpr_matmuls`) in tests/test_mixed_precision.py; the
+  traced step does ~1% more at the multi30k preset's sizes: it recomputes the attention in the
+  backward pass (decoders.AttentionMixin.attend) and runs the bridge s_0 = tanh(W h_enc) once
+  per sentence, neither counted here (and the additive score's per-pair add and tanh are
+  counted as 2 d_attn FLOPs though they are not matmul work)."""
   return 3 * forward_flops(mc, B, Ts, Tt)
+
+
+class Matmul(NamedTuple):
+  """One dot_general of a traced function: FLOPs (2 M N K per execution, times the trip counts
+  of the scans around it), operand and result dtypes, and the scan nesting depth."""
+  flops: int
+  lhs: jax.core.ShapedArray
+  rhs: jax.core.ShapedArray
+  out: jax.core.ShapedArray
+  in_scan: int
+
+
+def jaxpr_matmuls(closed_jaxpr) -> list[Matmul]:
+  """Every dot_general of a (closed) jaxpr, inside nested jaxprs too (jit, scan bodies times
+  their length, custom_jvp/vjp bodies; the costlier branch of a cond). A while loop's trip
+  count is unknown: it raises ValueError rather than count a guess."""
+  return _walk(getattr(closed_jaxpr, "jaxpr", closed_jaxpr), 1, 0)
+
+
+def _walk(jaxpr, mult, depth) -> list[Matmul]:
+  out = []
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (lc, _), _ = eqn.params["dimension_numbers"]
+      lhs, rhs, res = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
+      K = int(np.prod([lhs.shape[i] for i in lc]))
+      out.append(Matmul(2 * int(np.prod(res.shape)) * K * mult, lhs, rhs, res, depth))
+      continue
+    if name == "while":
+      if _walk(eqn.params["body_jaxpr"].jaxpr, 1, 0):
+        raise ValueError("a while loop holds matmuls and its trip count is unknown")
+      continue
+    subs = [v for p in eqn.params.values() for v in (p if isinstance(p, (tuple, list)) else (p,))
+            if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
+    subs = [getattr(v, "jaxpr", v) for v in subs]
+    if name == "cond":  # one branch runs: count the costliest
+      counted = [_walk(b, mult, depth) for b in subs]
+      out.extend(max(counted, key=lambda ms: sum(m.flops for m in ms), default=[]))
+      continue
+    length = eqn.params["length"] if name == "scan" else 1
+    for sub in subs:
+      out.extend(_walk(sub, mult * length, depth + (name == "scan")))
+  return out
+
+
+def jaxpr_flops(fn, *args) -> int:
+  """Matmul FLOPs of fn(*args), counted on its jaxpr (`jaxpr_matmuls`)."""
+  return sum(m.flops for m in jaxpr_matmuls(jax.make_jaxpr(fn)(*args)))

@@ -21,6 +21,7 @@ weights before the context is formed (diagnosis: permuted, uniform, top token re
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -30,6 +31,7 @@ from flax import nnx
 import attn
 from attn import registry
 from attn.models.encoder import dropout
+from attn.models.layers import linear
 from attn.models.params import as_params, values
 
 
@@ -76,14 +78,19 @@ class RecurrentDecoder(nnx.Module):
     """Matmul FLOPs per target step between the top cell and the output layer."""
     return 2 * (cfg.dec_hidden + cfg.enc_out_dim + cfg.emb_dim) * cfg.dec_hidden  # deep output
 
-  def __init__(self, cfg, d_in0, d_readout, *, rngs):
+  def __init__(self, cfg, d_in0, d_readout, *, rngs, compute_dtype="float32"):
     self.cfg = cfg
+    self.compute_dtype = compute_dtype  # the matmuls' operand dtype (attn.models.layers)
     self.cell = registry.get(cfg.cell, "cell").fn
     self.embed = nnx.Embed(cfg.tgt_vocab, cfg.emb_dim, rngs=rngs)
-    self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else cfg.dec_hidden, cfg.dec_hidden, rngs)
-                           for i in range(cfg.dec_layers)])
-    self.bridge = nnx.Linear(cfg.enc_out_dim, cfg.dec_hidden, rngs=rngs)  # s_0 = tanh(W h_enc)
-    self.out = nnx.Linear(d_readout, cfg.tgt_vocab, rngs=rngs)
+    self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else cfg.dec_hidden, cfg.dec_hidden, rngs,
+                                          compute_dtype) for i in range(cfg.dec_layers)])
+    self.bridge = self.linear(cfg.enc_out_dim, cfg.dec_hidden, rngs)  # s_0 = tanh(W h_enc)
+    self.out = self.linear(d_readout, cfg.tgt_vocab, rngs)  # logits stay float32
+
+  def linear(self, d_in, d_out, rngs, **kw):
+    """An nnx.Linear whose matmul runs in this decoder's compute dtype (float32 parameters)."""
+    return linear(d_in, d_out, compute_dtype=self.compute_dtype, rngs=rngs, **kw)
 
   def initial_state(self, enc):
     h0 = jnp.tanh(self.bridge(enc.final))  # [B, D]
@@ -157,10 +164,11 @@ class NoAttentionDecoder(RecurrentDecoder):
   """Cho et al. (2014): the encoder summary c is the initial state and is fed at every step;
   it is the only source information (the fixed-vector bottleneck)."""
 
-  def __init__(self, cfg, *, rngs):
+  def __init__(self, cfg, *, rngs, compute_dtype="float32"):
     De = cfg.enc_out_dim
-    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs)
-    self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs,
+                     compute_dtype=compute_dtype)
+    self.readout = self.linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs)
 
   def memory(self, enc):
     init = self.initial_state(enc)
@@ -198,11 +206,15 @@ class AttentionMixin:
     context is formed from intervene(weights, mask, t) and those weights are returned."""
     cfg = self.cfg
     mask = memory["mask"][:, None, :]
-    ctx, w, e = attn.attend(
-        values(self.score_params), q, memory["keys"], memory["values"], score=cfg.score,
-        normalizer=cfg.normalizer, mask=mask, temperature=cfg.temperature,
-        scope=cfg.scope, scope_params=values(self.scope_params), half_width=cfg.half_width,
-        positions=positions, keys_prepared=True, return_scores=True)
+    # Recomputed in the backward pass rather than saved: the additive score's tanh tensor is
+    # [B, Tq, Ts, d_attn] a step (52 MB a batch at the multi30k preset's B=128, Ts=Tt=20),
+    # written and read back for the gradient, while recomputing it costs ~1% of the step's
+    # FLOPs; the train step got ~7-11% faster (docs/results.md). Values are unchanged.
+    run = jax.checkpoint(functools.partial(
+        attn.attend, score=cfg.score, normalizer=cfg.normalizer, temperature=cfg.temperature,
+        scope=cfg.scope, half_width=cfg.half_width, keys_prepared=True, return_scores=True))
+    ctx, w, e = run(values(self.score_params), q, memory["keys"], memory["values"], mask=mask,
+                    scope_params=values(self.scope_params), positions=positions)
     if intervene is not None:
       w = intervene(w, mask, t)
       ctx = jnp.einsum("bqk,bkd->bqd", w, memory["values"].astype(w.dtype)).astype(ctx.dtype)
@@ -214,12 +226,13 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
   """RNNsearch (Bahdanau et al. 2015): e_tj = a(s_{t-1}, h_j) from the previous state, the context
   c_t enters the recurrence s_t = f(s_{t-1}, y_{t-1}, c_t), deep output from (s_t, c_t, y_{t-1})."""
 
-  def __init__(self, cfg, *, rngs):
+  def __init__(self, cfg, *, rngs, compute_dtype="float32"):
     De = cfg.enc_out_dim
-    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs)
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs,
+                     compute_dtype=compute_dtype)
     self.d_keys = De
     self.init_attention(cfg.dec_hidden, rngs)
-    self.readout = nnx.Linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs=rngs)
+    self.readout = self.linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs)
 
   def memory(self, enc):
     init = self.initial_state(enc)
@@ -268,14 +281,14 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     De, D = cfg.enc_out_dim, cfg.dec_hidden
     return (D, D, 2 * De * D) if cls._projects_keys(cfg) else (D, De, 0)
 
-  def __init__(self, cfg, *, rngs):
+  def __init__(self, cfg, *, rngs, compute_dtype="float32"):
     De, D = cfg.enc_out_dim, cfg.dec_hidden
-    super().__init__(cfg, self.cell_input_dim(cfg), D, rngs=rngs)
+    super().__init__(cfg, self.cell_input_dim(cfg), D, rngs=rngs, compute_dtype=compute_dtype)
     needs_proj = self._projects_keys(cfg)
-    self.key_proj = nnx.Linear(De, D, use_bias=False, rngs=rngs) if needs_proj else None
+    self.key_proj = self.linear(De, D, rngs, use_bias=False) if needs_proj else None
     self.d_keys = D if needs_proj else De
     self.init_attention(D, rngs)
-    self.W_c = nnx.Linear(De + D, D, use_bias=False, rngs=rngs)
+    self.W_c = self.linear(De + D, D, rngs, use_bias=False)
 
   def memory(self, enc):
     init = self.initial_state(enc)

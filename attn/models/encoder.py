@@ -12,13 +12,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn import registry
+from attn.models.layers import mixed_cell
 
 
 @registry.register("cell", "gru")
 class GRU:
   """GRU (Cho et al. 2014); the carry is h."""
   gates = 3  # weight blocks of the input and recurrent matmuls (cost models)
-  make = staticmethod(lambda d_in, d_hidden, rngs: nnx.GRUCell(d_in, d_hidden, rngs=rngs))
+  make = staticmethod(lambda d_in, d_hidden, rngs, compute_dtype="float32": mixed_cell(
+      nnx.GRUCell(d_in, d_hidden, rngs=rngs), compute_dtype))
   carry_from_h = staticmethod(lambda h: h)
   h_of = staticmethod(lambda carry: carry)
 
@@ -27,7 +29,8 @@ class GRU:
 class LSTM:
   """LSTM (Hochreiter & Schmidhuber 1997); the carry is (c, h), started from c = 0."""
   gates = 4
-  make = staticmethod(lambda d_in, d_hidden, rngs: nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs))
+  make = staticmethod(lambda d_in, d_hidden, rngs, compute_dtype="float32": mixed_cell(
+      nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs), compute_dtype))
   carry_from_h = staticmethod(lambda h: (jnp.zeros_like(h), h))
   h_of = staticmethod(lambda carry: carry[1])
 
@@ -49,19 +52,22 @@ class EncoderOutput(NamedTuple):
 
 
 class Encoder(nnx.Module):
-  """Embeddings + a stack of (bi)directional RNN layers with dropout between them."""
+  """Embeddings + a stack of (bi)directional RNN layers with dropout between them.
 
-  def __init__(self, cfg, *, rngs: nnx.Rngs):
+  compute_dtype: the recurrent matmuls' operand dtype (attn.models.layers); parameters, the
+  carry and the outputs stay float32."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
     cell = registry.get(cfg.cell, "cell").fn
     self.embed = nnx.Embed(cfg.src_vocab, cfg.emb_dim, rngs=rngs)
     layers = []
     d_in = cfg.emb_dim
     for _ in range(cfg.enc_layers):
-      fwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs), return_carry=True)
+      fwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs, compute_dtype), return_carry=True)
       if cfg.bidirectional:
-        bwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs), return_carry=True, reverse=True,
-                      keep_order=True)
+        bwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs, compute_dtype), return_carry=True,
+                      reverse=True, keep_order=True)
         layers.append(nnx.Bidirectional(fwd, bwd, return_carry=True))
       else:
         layers.append(fwd)

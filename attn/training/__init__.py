@@ -6,9 +6,11 @@
 - `metrics_log`: metrics.jsonl and TensorBoard;
 - `results`: atomic JSON and the one results table;
 - `task`: the task interface (what to build, score and decode) and the translation task;
-- `config`: `TrainConfig` and the optimizer.
+- `config`: `TrainConfig` and the optimizer;
+- `distributed`: the device mesh, shardings, jax.distributed and what only process 0 writes.
 """
 
+from attn.training import distributed
 from attn.training.checkpoints import Checkpoints
 from attn.training.config import TrainConfig, make_optimizer
 from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate, train_step,
@@ -18,5 +20,5 @@ from attn.training.results import results_table, write_json
 from attn.training.task import Task, TranslationTask, get_task
 
 __all__ = ["Checkpoints", "MetricsWriter", "Run", "Task", "TrainConfig", "TranslationTask",
-           "get_task", "load_run", "make_optimizer", "results_table", "setup", "train", "train_and_evaluate",
-           "train_step", "validate_config", "write_json"]
+           "distributed", "get_task", "load_run", "make_optimizer", "results_table", "setup",
+           "train", "train_and_evaluate", "train_step", "validate_config", "write_json"]

@@ -7,6 +7,11 @@ it could not keep and report the failure only later, through orbax's worker thre
 costs one write of the parameters and optimizer state every `train.checkpoint_every` steps.
 Orbax writes each step to a temporary directory and renames it when complete, so earlier
 checkpoints stay restorable.
+
+Several processes (jax.distributed): every process calls save and restore with the same step;
+orbax writes each array shard once and the metadata (and the JSON of counters) from process 0,
+so the workdir must be on a filesystem that every host sees. Restore reshards onto the current
+mesh: a checkpoint saved on 4 devices restores on 1, and the other way round.
 """
 
 from __future__ import annotations
@@ -70,7 +75,10 @@ class Checkpoints:
     step = manager.latest_step()
     if step is None:
       return False
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.state)
+    # The target carries the current shardings, so a checkpoint written on another mesh (4
+    # devices, 2 hosts) restores onto this one: orbax stores arrays, not a device layout.
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), run.state)
     out = manager.restore(step, args=self.ocp.args.Composite(
         state=self.ocp.args.StandardRestore(abstract), meta=self.ocp.args.JsonRestore()))
     meta = out["meta"]

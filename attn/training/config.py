@@ -11,6 +11,8 @@ import optax
 from attn import configurable
 from attn.configurable import option
 from attn.errors import ConfigError
+from attn.precision import COMPUTE_DTYPES
+from attn.training import distributed
 
 _SCHEDULES = {
     "cosine": lambda c: optax.warmup_cosine_decay_schedule(
@@ -53,6 +55,12 @@ class TrainConfig:
   max_wall_s: float = option(
       0.0, "stop training (then evaluate) after this much training time; 0 = off")
   seed: int = option(0, "parameter initialization and dropout seed")
+  compute_dtype: str = option(
+      "float32", "float32 | bfloat16: the matmuls' input dtype (bfloat16 accumulates in float32); "
+      "parameters, optimizer state, the loss and the normalizers stay float32")
+  mesh_shape: str = option(
+      "", "device mesh as data[,model] sizes, e.g. '4' or '2,2'; '' = every device on the data "
+      "axis")
 
   def __post_init__(self):
     def check(ok, msg):
@@ -77,8 +85,11 @@ class TrainConfig:
           f"divergence_factor={self.divergence_factor} must be >= 0")
     check(self.max_wall_s >= 0, f"max_wall_s={self.max_wall_s} must be >= 0")
     check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
+    check(self.compute_dtype in COMPUTE_DTYPES,
+          f"compute_dtype={self.compute_dtype!r} unknown; known: {', '.join(COMPUTE_DTYPES)}")
     check(self.eval_decode_sentences >= 0 and self.attention_samples >= 0,
           "eval_decode_sentences and attention_samples must be >= 0")
+    distributed.parse_mesh_shape(self.mesh_shape)  # its ConfigError names train.mesh_shape
 
   def replace(self, **kw) -> "TrainConfig":
     return dataclasses.replace(self, **kw)

@@ -17,6 +17,7 @@ from flax import nnx
 
 from attn import metrics as metrics_lib
 from attn.models import count_params
+from attn.training import distributed
 from attn.training import results as results_lib
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,12 @@ def teacher_forced_attention(task, graphdef, params, batch):
 
 
 def params_view(run):
-  """(graphdef, params state) of the model alone, for eval and decoding."""
+  """(graphdef, params state) of the model alone, for eval and decoding: a copy on this
+  process's first device (evaluation runs on one device of every process, without collectives;
+  see attn.training.distributed). Every process must call it (model-split leaves are gathered)."""
   nnx.update((run.model, run.optimizer), run.state)
-  return nnx.split(run.model)
+  graphdef, params = nnx.split(run.model)
+  return graphdef, distributed.local_copy(params)
 
 
 @dataclasses.dataclass
@@ -197,7 +201,8 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
 
 def write_results(run, ckpt, role="test") -> dict:
   """Decodes `role` with the best checkpoint (else the last) and writes the result files;
-  results.json comes last, so its presence means every other file is complete."""
+  results.json comes last, so its presence means every other file is complete. Every process
+  decodes (the same outputs); process 0 alone writes, and every process returns the results."""
   last_step = run.step
   if "eval" in run.bundle.splits and ckpt.best.latest_step() is not None:
     ckpt.restore(ckpt.best, run)
@@ -216,11 +221,13 @@ def write_results(run, ckpt, role="test") -> dict:
     greedy = score_outputs(run, role, decode_split(run, role, beam_size=1))
     scores.update({f"{k}_greedy": v for k, v in greedy.items() if isinstance(v, float)})
   ids = sorted(hyps.text)
-  results_lib.write_text(os.path.join(run.workdir, "predictions.txt"),
-                         "".join(hyps.text[i] + "\n" for i in ids))
   sample = ids[:run.tc.attention_samples]
-  write_attention(run, role, hyps, sample)
-  if run.mc.has_attention and sample:
+  primary = distributed.is_primary()
+  if primary:
+    results_lib.write_text(os.path.join(run.workdir, "predictions.txt"),
+                           "".join(hyps.text[i] + "\n" for i in ids))
+    write_attention(run, role, hyps, sample)
+  if primary and run.mc.has_attention and sample:
     from attn import viz  # pylint: disable=import-outside-toplevel
     i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
     viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
@@ -237,5 +244,6 @@ def write_results(run, ckpt, role="test") -> dict:
   }
   if run.best_eval:
     results["best_eval"] = run.best_eval  # the eval that chose the decoded checkpoint
-  results_lib.write_json(os.path.join(run.workdir, "results.json"), results)
+  if primary:
+    results_lib.write_json(os.path.join(run.workdir, "results.json"), results)
   return results

@@ -5,6 +5,10 @@ progress, evaluation and checkpoints) -> `evaluation.write_results` (restore the
 test split, write the result files). What is task-specific (the model, its loss, decoding,
 metrics) comes from a registered `Task`. Library code: it never reads absl FLAGS.
 
+Data parallel: the state lives on a ("data", "model") mesh (`train.mesh_shape`) and every
+batch's rows are split over "data", on one process or several (attn.training.distributed says
+how, and what only process 0 writes).
+
 Workdir layout: config.json, vocab files and data cache (attn.data), checkpoints/ (latest, for
 resuming), best/ (best eval score), metrics.jsonl and TensorBoard events, predictions.txt,
 results.json, attention.npz, attention.png.
@@ -26,6 +30,7 @@ from flax import nnx
 
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
+from attn.training import distributed
 from attn.training import evaluation
 from attn.training import results as results_lib
 from attn.training import workdir as workdir_lib
@@ -69,6 +74,11 @@ class Run:
   optimizer: object
   graphdef: object
   state: object
+  mesh: object = None  # ("data", "model") Mesh the state and batches live on; None = default device
+  shardings: object = None  # per-leaf NamedSharding of `state` (distributed.state_shardings)
+  rows: object = None  # distributed.RowShard: the rows of each global batch this process reads
+  donate: bool = False  # the train step donates the old state (train_and_evaluate; not setup(),
+  #                       so a benchmark can call the step on run.state again)
   step: int = 0
   best_score: tuple = ()  # the task's selection metrics at the best eval so far (() = none yet)
   best_step: int = 0
@@ -78,9 +88,36 @@ class Run:
   window_rates: list = dataclasses.field(default_factory=list)  # tok/s of each logging window
 
   def step_fn(self):
-    """The jitted train step of this run (label smoothing bound)."""
-    return jax.jit(functools.partial(train_step, self.task, self.graphdef,
-                                     label_smoothing=self.tc.label_smoothing))
+    """The jitted train step of this run (label smoothing bound): the state keeps its shardings
+    (replicated, or vocabulary matrices over "model"), the batch rows are split over "data", the
+    metrics come back replicated. Takes what `device_batch` returns."""
+    fn = functools.partial(train_step, self.task, self.graphdef,
+                           label_smoothing=self.tc.label_smoothing)
+    donate = (0,) if self.donate else ()
+    if self.mesh is None:
+      return jax.jit(fn, donate_argnums=donate)
+    rep = distributed.replicated(self.mesh)
+    return jax.jit(fn, in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
+                   out_shardings=(self.shardings, rep), donate_argnums=donate)
+
+  def device_batch(self, batch) -> dict:
+    """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
+    batch = evaluation.device_batch(batch)
+    if self.mesh is None:
+      return batch
+    return distributed.global_batch(batch, self.mesh, self.rows)
+
+  @functools.cached_property
+  def state_loss_fn(self):
+    """jit of (state, global batch) -> (summed NLL, tokens), replicated: the loss of the current
+    parameters on a training batch, computed over the mesh like the step."""
+    def loss(state, batch):
+      model, _ = nnx.merge(self.graphdef, state)
+      _, ntok, nll = self.task.loss(model, batch)
+      return nll, ntok
+    if self.mesh is None:
+      return jax.jit(loss)
+    return jax.jit(loss, out_shardings=distributed.replicated(self.mesh))
 
   def step_key(self, step: int):
     """The dropout key of `step`: a function of the seed and the step only, so a resumed run
@@ -102,6 +139,17 @@ def validate_config(config, task: Task | str = "translate") -> TrainConfig:
   return tc
 
 
+def make_mesh(config, tc: TrainConfig):
+  """The device mesh of `train.mesh_shape`, checked against the devices and the batch size
+  (ConfigError before anything is written)."""
+  from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
+  mesh = distributed.make_mesh(tc.mesh_shape)
+  dc = DataConfig.from_config(config.data)
+  distributed.check_batch_rows(dc.batch_size, dc.tokens_per_batch, distributed.data_size(mesh),
+                               tc.mesh_shape)
+  return mesh
+
+
 def setup(config, workdir, task: Task | str = "translate") -> Run:
   """Validates the config, loads the data and builds the model and optimizer of a run.
 
@@ -110,26 +158,36 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   """
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)
+  mesh = make_mesh(config, tc)
   workdir_lib.prepare(workdir)
-  return _build_run(config, workdir, task, tc)
+  return _build_run(config, workdir, task, tc, mesh=mesh)
 
 
-def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True) -> Run:
+def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mesh=None) -> Run:
   """setup() after validation, on a prepared workdir (record=False: write no config or model
-  record, for reading a finished run)."""
+  record, for reading a finished run; mesh=None: the state stays on the default device).
+
+  With several processes, process 0 prepares the data (cache, vocabularies) before the others
+  read it, and alone writes config.json and the model record."""
   from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
 
-  bundle = data.load(config.data, workdir)
+  with distributed.primary_first("preparing the data"):
+    bundle = data.load(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   workdir_lib.check_model(workdir, mc)
-  if record:
+  if record and distributed.is_primary():
     results_lib.write_text(os.path.join(workdir, "config.json"),
                            config.to_json_best_effort(indent=1))
     workdir_lib.record_model(workdir, mc)
-  model = task.build_model(mc, seed=tc.seed)
+  model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
-  return Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state)
+  run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state)
+  if mesh is not None:
+    run.mesh, run.rows = mesh, distributed.row_shard(mesh)
+    run.shardings = distributed.state_shardings(state, mesh)
+    run.state = distributed.place(state, run.shardings)
+  return run
 
 
 def load_run(workdir, task: Task | str = "translate") -> Run:
@@ -187,9 +245,9 @@ def check_divergence(run: Run, m: dict, ckpt: Checkpoints) -> None:
 
 
 def loss_after_step(run: Run, batch) -> float:
-  """Mean token loss of the current parameters on `batch` (one forward pass, no dropout)."""
-  graphdef, params = evaluation.params_view(run)
-  nll, ntok = evaluation.jitted(evaluation.eval_step, run.task, graphdef)(params, batch)
+  """Mean token loss of the current parameters on `batch` (what `run.device_batch` returns: the
+  global batch; one forward pass, no dropout)."""
+  nll, ntok = run.state_loss_fn(run.state, batch)
   return float(nll) / max(float(ntok), 1.0)
 
 
@@ -208,25 +266,33 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   tc = run.tc
   step_fn = run.step_fn()
   step_start = run.step
-  it = run.bundle.train_iter(run.step)
+  it = run.bundle.train_iter(run.step, None if run.rows is None else run.rows.select)
+  several = jax.process_count() > 1
+  key_sharding = None if run.mesh is None else distributed.replicated(run.mesh)
   t_seg = time.time()  # start of the current timed segment (evals and saves excluded)
   win = {"s": 0.0, "steps": 0, "tokens": 0.0}  # the logging window
   last = None
   selection = run.task.selection_metrics(run.bundle)
+  # A resumed run that had already used its time trains no further. (Decided once, from the
+  # restored counters, which every process shares; later stops are agreed on, below.)
+  spent = bool(tc.max_wall_s) and run.wall_s >= tc.max_wall_s
   try:
-    while run.step < tc.steps and (stop_after is None or run.step - step_start < stop_after):
-      if tc.max_wall_s and run.wall_s >= tc.max_wall_s:
-        break  # resumed a run that had already used its time
-      batch = evaluation.device_batch(next(it))
+    while (not spent and run.step < tc.steps
+           and (stop_after is None or run.step - step_start < stop_after)):
+      batch = run.device_batch(next(it))
+      key = run.step_key(run.step)
+      if key_sharding is not None:
+        key = distributed.place(key, key_sharding)
+      ntok = float(run.bundle.train_tokens(run.step))  # the global batch's, on every process
       # One statement, so an interrupt cannot land between the new state and its step count.
-      run.state, last, run.step = (*step_fn(run.state, batch, run.step_key(run.step)),
-                                   run.step + 1)
-      ntok = float(batch["tgt_lengths"].sum())
+      run.state, last, run.step = (*step_fn(run.state, batch, key), run.step + 1)
       run.train_tokens += ntok
       win["steps"] += 1
       win["tokens"] += ntok
       last_step = run.step == tc.steps
       out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - t_seg >= tc.max_wall_s
+      if several and tc.max_wall_s:
+        out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
       eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
           "eval" in run.bundle.splits)
       save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
@@ -254,7 +320,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         writer.write(run.step, "eval", floats)
         log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
         score = tuple(ev[k] for k in selection)
-        if is_better(score, run.best_score):
+        if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
           run.best_score, run.best_step, run.best_eval = score, run.step, floats
           ckpt.save(ckpt.best, run)
       if save_now:
@@ -264,7 +330,10 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
       if out_of_time:
         break
   except KeyboardInterrupt:
-    if last is not None and run.step != ckpt.latest.latest_step():
+    if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
+      log.warning(f"interrupted inside step {run.step + 1}, whose input state was donated: "
+                  "nothing saved; rerun the same command to resume from the last checkpoint")
+    elif last is not None and run.step != ckpt.latest.latest_step():
       jax.block_until_ready(run.state)
       ckpt.save(ckpt.latest, run)
       log.warning(f"interrupted at step {run.step}: checkpoint saved; rerun the same command "
@@ -281,11 +350,15 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   its presence means the run finished)."""
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)  # before the workdir is touched
+  mesh = make_mesh(config, tc)
   workdir_lib.prepare(workdir)
   with workdir_lib.lock(workdir):
-    run = _build_run(config, workdir, task, tc)
+    run = _build_run(config, workdir, task, tc, mesh=mesh)
+    run.donate = True  # nothing else holds the state between steps
     log.info(f"model {run.mc.decoder}/{run.mc.score}/{run.mc.normalizer}: "
              f"{count_params(run.model):,} parameters")
+    log.info(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es); "
+             f"this one reads blocks {run.rows.mine} of each batch")
     ckpt = Checkpoints(workdir)
     try:
       resumed = ckpt.restore(ckpt.latest, run)

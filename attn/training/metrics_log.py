@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+from attn.training import distributed
 from attn.training.results import write_text
 
 log = logging.getLogger(__name__)
@@ -13,12 +14,17 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
   """Appends `{"step", "split", **values}` lines to metrics.jsonl and scalars to TensorBoard
-  (tensorboardX, when installed)."""
+  (tensorboardX, when installed). In a run over several processes only process 0 writes (every
+  process computes the same replicated metrics); on the others `write` does nothing."""
 
   def __init__(self, workdir, resumed_step=None):
     """resumed_step: the step a resumed run restarts from; rows written after it by the previous
     process (steps it will run again) are dropped, so every step appears once."""
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.active = distributed.is_primary()
+    self.tb = None
+    if not self.active:
+      return
     if resumed_step is not None and os.path.exists(self.path):
       self._truncate_after(resumed_step)
     try:
@@ -41,6 +47,8 @@ class MetricsWriter:
     write_text(self.path, "".join(kept))
 
   def write(self, step, split, values):
+    if not self.active:
+      return
     with open(self.path, "a") as f:
       f.write(json.dumps({"step": step, "split": split, **values}) + "\n")
     if self.tb is not None:

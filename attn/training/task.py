@@ -30,8 +30,8 @@ class Task(abc.ABC):
     raises ConfigError naming the field."""
 
   @abc.abstractmethod
-  def build_model(self, model_config, seed: int):
-    """A freshly initialized model."""
+  def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
+    """A freshly initialized model (float32 parameters) whose matmuls run in `compute_dtype`."""
 
   @abc.abstractmethod
   def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
@@ -72,8 +72,8 @@ class TranslationTask(Task):
   def check_model_config(self, cfg) -> None:
     ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8)  # placeholder vocabularies
 
-  def build_model(self, model_config, seed: int):
-    return build_model(model_config, seed=seed)
+  def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
+    return build_model(model_config, seed=seed, compute_dtype=compute_dtype)
 
   def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
     logits, _ = model(batch, dropout_key=dropout_key)

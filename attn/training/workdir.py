@@ -4,7 +4,11 @@ to the model its checkpoints hold.
 - `prepare(workdir)`: creates it; a path that is a file or cannot be written is a WorkdirError.
 - `lock(workdir)`: an exclusive `flock` on `<workdir>/.lock` for the whole run. A second run on
   the same workdir fails at once naming the holder's PID; the kernel drops the lock when its
-  process dies, so a `kill -9`ed run never leaves it stuck.
+  process dies, so a `kill -9`ed run never leaves it stuck. A run over several processes
+  (jax.distributed) is one run: process 0 alone takes the lock and tells the others whether it
+  got it, so a busy workdir stops every process. (One lock per process would not work: on one
+  machine the second process of the same run would find the first one's lock; on a shared
+  filesystem across hosts flock may not reach the other hosts at all.)
 - `check_model(workdir, model_config)`: a workdir whose checkpoints were written for another
   model refuses to resume with this one, naming the differing fields; `record_model` writes the
   record (model.json) that later runs compare against.
@@ -38,7 +42,7 @@ def prepare(workdir: str) -> str:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise WorkdirError(f"cannot create workdir {workdir}: {e.strerror or e}") from None
-  probe = os.path.join(workdir, ".write_test")
+  probe = os.path.join(workdir, f".write_test.{os.getpid()}")  # one per process: hosts share it
   try:
     with open(probe, "w") as f:
       f.write("ok")
@@ -51,6 +55,25 @@ def prepare(workdir: str) -> str:
 @contextlib.contextmanager
 def lock(workdir: str):
   """Holds the workdir's run lock for the duration of the block (see the module docstring)."""
+  from attn.training import distributed  # pylint: disable=import-outside-toplevel
+  if not distributed.is_primary():
+    if not distributed.agree(False):  # process 0's outcome
+      raise WorkdirError(f"workdir {workdir} is in use by another run (process 0 of this run "
+                         "could not lock it)")
+    yield
+    return
+  with contextlib.ExitStack() as held:
+    try:
+      held.enter_context(_flock(workdir))
+    except BaseException:
+      distributed.agree(False)
+      raise
+    distributed.agree(True)
+    yield
+
+
+@contextlib.contextmanager
+def _flock(workdir: str):
   path = os.path.join(workdir, LOCK_FILE)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
