@@ -141,3 +141,20 @@ def run(main):
       sys.exit(INTERRUPTED)
 
   app.run(guarded, flags_parser=parse_flags)
+
+
+def serve(make_server, port: int, path: str = "") -> None:
+  """Serves on 127.0.0.1 until Ctrl-C (the way to stop serving, not an interruption of work):
+  `make_server()` builds the http.server; a port that cannot be bound is one `error:` line."""
+  try:
+    server = make_server()
+  except OSError as e:
+    fail(f"--port={port}: cannot serve on 127.0.0.1 ({e.strerror or e})")
+  host, bound = server.server_address[:2]
+  try:
+    print(f"serving http://{host}:{bound}/{path} (Ctrl-C stops)", flush=True)
+    server.serve_forever()
+  except KeyboardInterrupt:
+    print("stopped")
+  finally:
+    server.server_close()

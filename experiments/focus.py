@@ -71,18 +71,7 @@ def main(argv):
     print(f"wrote {FLAGS.workdir}/{{{focus.RESULTS_FILE},{focus.TABLE_FILE},{focus.PAGE_FILE}}}")
   if FLAGS.port:
     service = focus.FocusService.from_workdir(FLAGS.workdir)
-    try:
-      server = focus.make_server(service, page, FLAGS.port)
-    except OSError as e:
-      from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel
-      raise ConfigError(f"--port={FLAGS.port}: {e.strerror or e}") from None
-    print(f"serving http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", flush=True)
-    try:
-      server.serve_forever()
-    except KeyboardInterrupt:
-      print("stopped")
-    finally:
-      server.server_close()
+    cli.serve(lambda: focus.make_server(service, page, FLAGS.port), FLAGS.port)
 
 
 if __name__ == "__main__":

@@ -35,18 +35,8 @@ def main(argv):
   print(f"wrote {path}")
   if FLAGS.port is None:
     return
-  try:
-    server = inspect_page.make_server(os.path.dirname(os.path.abspath(path)), FLAGS.port)
-  except OSError as e:
-    cli.fail(f"--port={FLAGS.port}: cannot serve on 127.0.0.1 ({e.strerror or e})")
-  host, port = server.server_address[:2]
-  try:
-    print(f"serving http://{host}:{port}/{os.path.basename(path)} (Ctrl-C to stop)", flush=True)
-    server.serve_forever()
-  except KeyboardInterrupt:  # the way to stop serving, not an interruption of work
-    print("stopped")
-  finally:
-    server.server_close()
+  cli.serve(lambda: inspect_page.make_server(os.path.dirname(os.path.abspath(path)), FLAGS.port),
+            FLAGS.port, os.path.basename(path))
 
 
 if __name__ == "__main__":
