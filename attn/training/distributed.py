@@ -117,11 +117,10 @@ def initialize(mode: str = "none", *, coordinator_address: str | None = None,
 def _select_cpu_collectives():
   """Cross-process collectives on CPU: gloo (the default of jax 0.10; set only where unset)."""
   name = "jax_cpu_collectives_implementation"
-  try:
+  # A jax without the option raises here: then there is nothing to select.
+  with contextlib.suppress(AttributeError, ValueError):
     if getattr(jax.config, name, None) is None:
       jax.config.update(name, "gloo")
-  except (AttributeError, ValueError):  # a jax without the option: nothing to select
-    pass
 
 
 def shutdown():
