@@ -32,6 +32,7 @@ from attn.errors import AttnError, ConfigError
 from attn.models import count_params
 from attn.training import distributed
 from attn.training import evaluation
+from attn.training.interrupts import InterruptGuard
 from attn.training import results as results_lib
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints
@@ -276,59 +277,63 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, below.)
   spent = bool(tc.max_wall_s) and run.wall_s >= tc.max_wall_s
+  guard = InterruptGuard()
   try:
-    while (not spent and run.step < tc.steps
-           and (stop_after is None or run.step - step_start < stop_after)):
-      batch = run.device_batch(next(it))
-      key = run.step_key(run.step)
-      if key_sharding is not None:
-        key = distributed.place(key, key_sharding)
-      ntok = float(run.bundle.train_tokens(run.step))  # the global batch's, on every process
-      # One statement, so an interrupt cannot land between the new state and its step count.
-      run.state, last, run.step = (*step_fn(run.state, batch, key), run.step + 1)
-      run.train_tokens += ntok
-      win["steps"] += 1
-      win["tokens"] += ntok
-      last_step = run.step == tc.steps
-      out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - t_seg >= tc.max_wall_s
-      if several and tc.max_wall_s:
-        out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
-      eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
-          "eval" in run.bundle.splits)
-      save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
-      if run.step % tc.log_every == 0 or last_step or eval_now or save_now:
-        m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
-        check_divergence(run, m, ckpt)
-        now = time.time()
-        run.wall_s += now - t_seg
-        win["s"] += now - t_seg
-        t_seg = now
+    with guard:
+      while (not spent and run.step < tc.steps
+             and (stop_after is None or run.step - step_start < stop_after)):
+        batch = run.device_batch(next(it))
+        key = run.step_key(run.step)
+        if key_sharding is not None:
+          key = distributed.place(key, key_sharding)
+        ntok = float(run.bundle.train_tokens(run.step))  # the global batch's, on every process
+        # Ctrl-C is held while the step runs: it donates the old state, so an interrupt raised
+        # before the new state and its step count are assigned would leave nothing to save.
+        with guard.step():
+          run.state, last, run.step = (*step_fn(run.state, batch, key), run.step + 1)
+        run.train_tokens += ntok
+        win["steps"] += 1
+        win["tokens"] += ntok
+        last_step = run.step == tc.steps
+        out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - t_seg >= tc.max_wall_s
+        if several and tc.max_wall_s:
+          out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
+        eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
+            "eval" in run.bundle.splits)
+        save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
+        if run.step % tc.log_every == 0 or last_step or eval_now or save_now:
+          m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
+          check_divergence(run, m, ckpt)
+          now = time.time()
+          run.wall_s += now - t_seg
+          win["s"] += now - t_seg
+          t_seg = now
+          if eval_now or save_now:
+            # The step's loss is of the parameters before it; what is about to be saved is after.
+            check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
+          if run.step % tc.log_every == 0 or last_step:
+            rate = win["tokens"] / max(win["s"], 1e-9)
+            run.window_rates.append(rate)
+            writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
+            log.info(_progress(run, m, win["s"], win["steps"], win["tokens"]))
+            win = {"s": 0.0, "steps": 0, "tokens": 0.0}
+        if out_of_time:
+          log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
+        if eval_now:
+          ev = evaluation.evaluate(run, "eval", tc.eval_decode_sentences)
+          floats = {k: v for k, v in ev.items() if isinstance(v, float)}
+          writer.write(run.step, "eval", floats)
+          log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
+          score = tuple(ev[k] for k in selection)
+          if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
+            run.best_score, run.best_step, run.best_eval = score, run.step, floats
+            ckpt.save(ckpt.best, run)
+        if save_now:
+          ckpt.save(ckpt.latest, run)
         if eval_now or save_now:
-          # The step's loss is of the parameters before it; what is about to be saved is after.
-          check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
-        if run.step % tc.log_every == 0 or last_step:
-          rate = win["tokens"] / max(win["s"], 1e-9)
-          run.window_rates.append(rate)
-          writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
-          log.info(_progress(run, m, win["s"], win["steps"], win["tokens"]))
-          win = {"s": 0.0, "steps": 0, "tokens": 0.0}
-      if out_of_time:
-        log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
-      if eval_now:
-        ev = evaluation.evaluate(run, "eval", tc.eval_decode_sentences)
-        floats = {k: v for k, v in ev.items() if isinstance(v, float)}
-        writer.write(run.step, "eval", floats)
-        log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
-        score = tuple(ev[k] for k in selection)
-        if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
-          run.best_score, run.best_step, run.best_eval = score, run.step, floats
-          ckpt.save(ckpt.best, run)
-      if save_now:
-        ckpt.save(ckpt.latest, run)
-      if eval_now or save_now:
-        t_seg = time.time()
-      if out_of_time:
-        break
+          t_seg = time.time()
+        if out_of_time:
+          break
   except KeyboardInterrupt:
     if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
       log.warning(f"interrupted inside step {run.step + 1}, whose input state was donated: "
