@@ -66,22 +66,49 @@ def chrf(hypotheses: Sequence[str], references: TextRefs, *, lowercase: bool = F
   return float(metric.corpus_score(list(hypotheses), _ref_streams(hypotheses, references)).score)
 
 
-def rouge(hypotheses: Sequence[str], references: TextRefs) -> dict[str, float]:
-  """Mean ROUGE-1/2/L F1 over the corpus, in [0, 100] (rouge-score, Porter stemming).
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
-  With several references an example takes its best one per ROUGE type (rouge-score's
-  score_multi). rouge-score's tokenizer keeps only [a-z0-9]: non-Latin text scores 0.
-  """
+
+def _rouge_f1(hypotheses, references) -> dict[str, list[np.ndarray]]:
+  """ROUGE type -> per example, the F1 (in [0, 1]) against each of its references."""
   from rouge_score import rouge_scorer
-  types = ("rouge1", "rouge2", "rougeL")
-  scorer = rouge_scorer.RougeScorer(list(types), use_stemmer=True)
-  totals = dict.fromkeys(types, 0.0)
-  refs = _ref_lists(hypotheses, references)
-  for hyp, ref in zip(hypotheses, refs):
-    s = scorer.score_multi(ref, hyp)  # (targets, prediction)
-    for t in types:
-      totals[t] += s[t].fmeasure
-  return {t: 100.0 * v / len(refs) for t, v in totals.items()}
+  scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+  out = {t: [] for t in ROUGE_TYPES}
+  for hyp, refs in zip(hypotheses, _ref_lists(hypotheses, references)):
+    scores = [scorer.score(ref, hyp) for ref in refs]  # (target, prediction)
+    for t in ROUGE_TYPES:
+      out[t].append(np.array([s[t].fmeasure for s in scores]))
+  return out
+
+
+ROUGE_AGGREGATES = ("max", "mean", "both")
+
+
+def rouge(hypotheses: Sequence[str], references: TextRefs, *,
+          aggregate: str = "max") -> dict[str, float]:
+  """Corpus mean of ROUGE-1/2/L F1 in [0, 100] (rouge-score, Porter stemming on).
+
+  With several references per hypothesis (the lists may differ in length), each example's score
+  against them is, per ROUGE type:
+    aggregate="max" (default): its best reference -> keys "rouge1", "rouge2", "rougeL" (as
+      rouge-score's score_multi);
+    aggregate="mean": the mean over its references -> the same keys;
+    aggregate="both": the mean -> "rouge1", "rouge2", "rougeL", and the best ->
+      "rouge1_max", "rouge2_max", "rougeL_max".
+  With one reference per example every aggregate is that reference's score. A hypothesis equal to
+  one of its 3 references scores 100 on the max and (100 + F1(ref 2) + F1(ref 3)) / 3 on the mean.
+  rouge-score's tokenizer keeps only [a-z0-9]: non-Latin text scores 0.
+  """
+  if aggregate not in ROUGE_AGGREGATES:
+    raise ValueError(f"aggregate={aggregate!r}; use one of {', '.join(ROUGE_AGGREGATES)}")
+  f1 = _rouge_f1(hypotheses, references)
+  mean = {t: 100.0 * float(np.mean([s.mean() for s in f1[t]])) for t in ROUGE_TYPES}
+  best = {t: 100.0 * float(np.mean([s.max() for s in f1[t]])) for t in ROUGE_TYPES}
+  if aggregate == "max":
+    return best
+  if aggregate == "mean":
+    return mean
+  return {**mean, **{f"{t}_max": v for t, v in best.items()}}
 
 
 def _key(x):

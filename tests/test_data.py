@@ -495,7 +495,7 @@ def test_missing_data_dir_and_missing_jsonl_split(tmp_path):
   d.mkdir()
   write_lines(d / "train.jsonl", [json.dumps({"email": "hi", "subject": "yo"})])
   with pytest.raises(data.DataError, match=r"no file dev\.jsonl\[\.gz\] in .*mail \(it holds: train\.jsonl\)"):
-    data.load(text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+    data.load(text_config(tmp_path, d, task="jsonl", source_field="email", target_field="subject",
                           eval_split="dev", test_split=""))
 
 
@@ -520,7 +520,7 @@ def test_empty_jsonl_is_a_data_error_naming_it(tmp_path):
   d.mkdir()
   write_lines(d / "train.jsonl", [])
   write_lines(d / "dev.jsonl", [json.dumps({"email": "hi", "subject": "yo"})])
-  cfg = text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+  cfg = text_config(tmp_path, d, task="jsonl", source_field="email", target_field="subject",
                     eval_split="dev", test_split="")
   with pytest.raises(data.DataError, match=r"train\.jsonl: empty \(no records\)"):
     data.load(cfg)
@@ -535,7 +535,7 @@ def test_no_usable_pair_is_a_data_error_with_the_counts(tmp_path):
   d = tmp_path / "mail"
   d.mkdir()
   write_lines(d / "train.jsonl", [json.dumps({"email": "hi", "subject": " "})] * 2)
-  cfg = text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+  cfg = text_config(tmp_path, d, task="jsonl", source_field="email", target_field="subject",
                     eval_split="", test_split="")
   with pytest.raises(data.DataError, match=r"train\.jsonl: no usable record: all 2 have an empty "
                      r"'email' or 'subject' field"):
@@ -564,7 +564,7 @@ def test_jsonl_source_and_its_errors(tmp_path):
   recs = [{"email": f"Hello team,  meeting {i} moved.", "subject": f"Meeting {i}"} for i in range(6)]
   write_lines(d / "train.jsonl.gz", [json.dumps(r) for r in recs], gz=True)
   write_lines(d / "dev.jsonl", [json.dumps(r) for r in recs[:2]])
-  cfg = text_config(tmp_path, d, task="jsonl", src_field="email", tgt_field="subject",
+  cfg = text_config(tmp_path, d, task="jsonl", source_field="email", target_field="subject",
                     eval_split="dev", test_split="")
   bundle = data.load(cfg)
   assert bundle.references("eval") == ["Meeting 0", "Meeting 1"]

@@ -7,7 +7,8 @@ order they were generated or read in (`disable_shuffling`): record i of a split 
 its files, and its `id` field is i.
 
 Features: `id` int64, `src` and `tgt` text; built-in tasks add `align`, [K, 2] int32 (target
-token, source token) pairs (see tasks.py).
+token, source token) pairs (see tasks.py); JSON lines with `data.reference_fields` add `refs`, one
+text per reference field, read in the splits of `reference_splits` (eval/test) and empty elsewhere.
 
 This module imports tensorflow_datasets at import time: import it lazily (sources.py does).
 """
@@ -42,10 +43,12 @@ def config_for(prefix: str, params: dict) -> AttnBuilderConfig:
                            description=f"{prefix} (settings hash {digest})")
 
 
-def _text_features(with_align: bool):
+def _text_features(with_align: bool, with_refs: bool = False):
   feats = {"id": np.int64, "src": tfds.features.Text(), "tgt": tfds.features.Text()}
   if with_align:
     feats["align"] = tfds.features.Tensor(shape=(None, 2), dtype=np.int32)
+  if with_refs:
+    feats["refs"] = tfds.features.Sequence(tfds.features.Text())
   return tfds.features.FeaturesDict(feats)
 
 
@@ -74,27 +77,39 @@ class AttnTask(tfds.core.GeneratorBasedBuilder):
 
 class AttnText(tfds.core.GeneratorBasedBuilder):
   """Local parallel text or JSON lines. params: kind ("parallel_text" | "jsonl"), the files of each
-  split (with size and mtime), and for jsonl the two fields."""
+  split (with size and mtime), and for jsonl source_field, target_field, reference_fields and
+  reference_splits (the splits whose records must have the reference fields)."""
   VERSION = tfds.core.Version(_VERSION)
 
+  def _params(self) -> dict:
+    return json.loads(self.builder_config.params)
+
   def _info(self):
-    return self.dataset_info_from_configs(features=_text_features(False), disable_shuffling=True,
+    with_refs = bool(self._params().get("reference_fields"))
+    return self.dataset_info_from_configs(features=_text_features(False, with_refs),
+                                          disable_shuffling=True,
                                           description="attn local corpus (attn/data/corpora.py)")
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    p = json.loads(self.builder_config.params)
-    return {split: self._generate_examples(files) for split, files in p["splits"].items()}
+    p = self._params()
+    return {split: self._generate_examples(split, files) for split, files in p["splits"].items()}
 
-  def _generate_examples(self, files):
-    p = json.loads(self.builder_config.params)
+  def _generate_examples(self, split, files):
+    p = self._params()
     paths = [f["path"] for f in files]
+    ref_fields = tuple(p.get("reference_fields", ()))
     if p["kind"] == "parallel_text":
-      pairs = corpora.read_parallel(*paths)
+      records = ((s, t, ()) for s, t in corpora.read_parallel(*paths))
     else:
-      pairs = corpora.read_jsonl(paths[0], p["src_field"], p["tgt_field"])
-    for i, (src, tgt) in enumerate(pairs):
-      yield i, {"id": i, "src": src, "tgt": tgt}
+      # Training files often lack the annotations: only the eval/test splits are read for them.
+      read_refs = ref_fields if split in p["reference_splits"] else ()
+      records = corpora.read_jsonl(paths[0], p["source_field"], p["target_field"], read_refs)
+    for i, (src, tgt, refs) in enumerate(records):
+      example = {"id": i, "src": src, "tgt": tgt}
+      if ref_fields:
+        example["refs"] = list(refs)
+      yield i, example
 
 
 def file_entry(path: str) -> dict:

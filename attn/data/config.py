@@ -42,7 +42,7 @@ PRESETS = {
     "smoke": dict(task="reverse", tokenizer="space", min_freq=1, train_size=512, eval_size=64,
                   test_size=64, min_len=3, max_len=12, batch_size=16, num_buckets=2,
                   max_src_len=16, max_tgt_len=16),
-    "aeslc": dict(task="jsonl", src_field="email", tgt_field="subject", eval_split="dev",
+    "aeslc": dict(task="jsonl", source_field="email", target_field="subject", eval_split="dev",
                   test_split="", max_src_len=512, max_tgt_len=32, too_long="truncate",
                   vocab_size=32_000, shared_vocab=True),
     "ted_pt_en": dict(task="tfds", tfds_name="ted_hrlr_translate/pt_to_en", src_lang="pt",
@@ -63,6 +63,9 @@ PRESETS = {
                        max_src_len=512, max_tgt_len=32, too_long="truncate", vocab_size=32_000,
                        shared_vocab=True),
 }
+# old name -> new name of renamed fields, so that a run's recorded config.json still loads
+_RENAMED = {"src_field": "source_field", "tgt_field": "target_field"}
+
 _PRESET_DIRS = {"": "multi30k", "multi30k": "multi30k", "multi30k_en_de": "multi30k",
                 "aeslc": "aeslc"}
 
@@ -93,8 +96,11 @@ class DataConfig:
       "train", "split names (files <dir>/<split>.<lang>[.gz]); ignored by built-in tasks")
   eval_split: str = option("val", "evaluated during training; '' for none")
   test_split: str = option("test_2016_flickr", "scored at the end; '' for none")
-  src_field: str = option("", "jsonl/tfds: source field (tfds: '' = the dataset's default)")
-  tgt_field: str = option("", "jsonl/tfds: target field")
+  source_field: str = option("", "jsonl/tfds: source field (tfds: '' = the dataset's default)")
+  target_field: str = option("", "jsonl/tfds: target field")
+  reference_fields: tuple[str, ...] = option(
+      (), "jsonl/tfds: more reference fields of eval/test records (e.g. ann0,ann1,ann2), only "
+          "scored, never trained on; the train split is not read for them and may lack them")
   tfds_name: str = option("", "tfds: e.g. 'ted_hrlr_translate/pt_to_en' (prepared as array_record)")
   tfds_data_dir: str = option("", "tfds: data_dir of the prepared dataset ('' = TFDS default)")
   cache_dir: str = option(
@@ -106,6 +112,9 @@ class DataConfig:
   lowercase: bool = option(
       False, "lowercase before tokenizing (score with sacreBLEU lowercase=True)")
   shared_vocab: bool = option(False, "one vocabulary for source and target")
+  extended_vocab: bool = option(
+      False, "batches carry src_ext/tgt_ext, ids on each example's source-extended vocabulary, "
+             "for copying models (pointer-generator); needs shared_vocab")
   vocab_size: int = option(
       0, "cap on vocabulary size incl. the 4 specials (0 = none; sentencepiece: 8000)")
   min_freq: int = option(2, "tokens seen fewer times in the training split map to <unk>")
@@ -151,10 +160,18 @@ class DataConfig:
 
   @classmethod
   def from_config(cls, config) -> "DataConfig":
-    """From a ConfigDict / dict / DataConfig; unknown fields and bad values raise DataError."""
+    """From a ConfigDict / dict / DataConfig; unknown fields and bad values raise DataError.
+
+    The config.json of a run recorded before a field was renamed (`_RENAMED`) still reads.
+    """
     if isinstance(config, DataConfig):
       return config
     d = configurable.as_dict(config)
+    for old, new in _RENAMED.items():
+      if old in d:
+        value = d.pop(old)
+        if d.setdefault(new, value) != value:
+          raise DataError(f"data config: {old} was renamed {new}; set only {new}")
     if d.get("bucket_boundaries"):
       try:  # a width b means the square bucket (b, b)
         d["bucket_boundaries"] = tuple(sorted({(int(b), int(b)) if isinstance(b, (int, float)) else
@@ -191,6 +208,13 @@ class DataConfig:
             f"bucket_boundaries={self.bucket_boundaries}: one bucket must be the widest on both "
             f"sides (add {top}), so every example fits somewhere")
     check(self.min_freq >= 1 and self.vocab_size >= 0, "min_freq >= 1, vocab_size >= 0")
+    check(self.shared_vocab or not self.extended_vocab,
+          "extended_vocab=True needs shared_vocab=True (a target token is copied by its position "
+          "in the source, so both sides must have the same ids)")
+    refs = self.reference_fields
+    check(all(isinstance(f, str) and f and "," not in f for f in refs)
+          and len(set(refs)) == len(refs),
+          f"reference_fields={refs!r} must be distinct field names (a tuple, or one comma string)")
     check(self.train_size >= 1 and self.eval_size >= 0 and self.test_size >= 0, "task sizes")
     check(self.min_year <= self.max_year, "min_year <= max_year")
     check(self.train_split != "", "train_split must name a split")

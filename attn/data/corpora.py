@@ -2,7 +2,8 @@
 
 - Parallel text: `<dir>/<split>.<lang>` or `<dir>/<split>.<lang>.gz`, one sentence a line, UTF-8;
   line i of the source file translates line i of the target file.
-- JSON lines: `<dir>/<split>.jsonl[.gz]`, one object a line with a source and a target string field.
+- JSON lines: `<dir>/<split>.jsonl[.gz]`, one object a line with a source and a target string field
+  (and, in eval/test splits, the string fields of any extra references).
 
 Lines are split on "\\n" only (not on the other characters `str.splitlines` treats as breaks, which
 would shift the pairing), a trailing "\\r" and a leading BOM are removed, and whitespace is collapsed
@@ -105,10 +106,14 @@ def jsonl_path(directory: str, split: str) -> str:
   return find_file(directory, f"{split}.jsonl")
 
 
-def read_jsonl(path: str, src_field: str, tgt_field: str) -> Iterator[tuple[str, str]]:
-  """(source, target) from each line's `src_field` and `tgt_field` (blank lines are errors too)."""
-  if not src_field or not tgt_field:
-    raise DataError("jsonl needs data.src_field and data.tgt_field (e.g. email, subject)")
+def read_jsonl(path: str, source_field: str, target_field: str, reference_fields: tuple[str, ...] = ()
+               ) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+  """(source, target, references) from each line's `source_field`, `target_field` and
+  `reference_fields` (references: one string per field, maybe empty). A line without one of these
+  fields, or with a non-string value there, is an error, and so is a blank line."""
+  if not source_field or not target_field:
+    raise DataError("jsonl needs data.source_field and data.target_field (e.g. email, subject)")
+  fields = (source_field, target_field, *reference_fields)
   try:
     with _open(path) as f:
       for lineno, raw in enumerate(f, start=1):
@@ -121,24 +126,25 @@ def read_jsonl(path: str, src_field: str, tgt_field: str) -> Iterator[tuple[str,
           raise DataError(f"{path}:{lineno}: not a JSON object ({e})") from None
         if not isinstance(obj, dict):
           raise DataError(f"{path}:{lineno}: not a JSON object")
-        pair = []
-        for field in (src_field, tgt_field):
+        texts = []
+        for field in fields:
           if field not in obj:
             raise DataError(f"{path}:{lineno}: no field {field!r} (fields: {', '.join(sorted(obj))})")
           if not isinstance(obj[field], str):
             raise DataError(f"{path}:{lineno}: field {field!r} is {type(obj[field]).__name__}, not a string")
-          pair.append(normalize_whitespace(obj[field]))
-        yield pair[0], pair[1]
+          texts.append(normalize_whitespace(obj[field]))
+        yield texts[0], texts[1], tuple(texts[2:])
   except (OSError, EOFError, gzip.BadGzipFile) as e:
     raise DataError(f"{path}: cannot read ({e})") from e
 
 
-def check_jsonl(path: str, src_field: str, tgt_field: str) -> int:
+def check_jsonl(path: str, source_field: str, target_field: str,
+                reference_fields: tuple[str, ...] = ()) -> int:
   """Reads the file fully; returns the record count or raises as `read_jsonl` does, or if the
-  file is empty or every record has an empty `src_field` or `tgt_field`."""
+  file is empty or every record has an empty `source_field` or `target_field`."""
   n = n_blank = 0
-  for s, t in read_jsonl(path, src_field, tgt_field):
+  for s, t, _ in read_jsonl(path, source_field, target_field, reference_fields):
     n += 1
     n_blank += not s or not t
-  _check_usable(path, n, n_blank, "record", f"{src_field!r} or {tgt_field!r} field")
+  _check_usable(path, n, n_blank, "record", f"{source_field!r} or {target_field!r} field")
   return n

@@ -12,12 +12,20 @@ A batch is a dict of numpy arrays (B and the widths fixed per bucket, see `DataB
   alignments   [B, Tt, Ts] float32, built-in tasks only: row t is the gold distribution over the
                source positions target token t comes from (rows of aligned tokens sum to 1, target
                EOS -> source EOS, unaligned tokens and padding all zero).
+With data.extended_vocab (copying models; V = the shared vocabulary's size), also:
+  src_ext      [B, Ts] int32  `src`, but the k-th distinct OOV token of the (truncated) source, in
+                              order of first appearance, is V + k instead of UNK (k < Ts - 1, so
+                              V + Ts bounds every bucket's extended vocabulary)
+  tgt_ext      [B, Tt] int32  `tgt`, but an OOV token that is the source's k-th OOV is V + k; other
+                              OOV tokens stay UNK. Filler rows of both are all PAD.
+  (`bundle.source_oovs(role)[example_id]` is that list, for `Vocab.decode_extended`.)
 
 Training: `bundle.train_iter(start_step)` is infinite, reshuffled every epoch from (seed, epoch),
 and a pure function of the step: batch k is the same whether reached by iterating or by resuming
 at k. Evaluation: `bundle.batches("eval")` / `("test")` is one exact pass over every example (none
 dropped; over-long ones truncated), in bucket order; put outputs back in corpus order with
-`example_id` and score them against `bundle.references(role)`.
+`example_id` and score them against `bundle.references(role)`, or with several references per
+example (data.reference_fields) against `bundle.reference_sets(role)`.
 
 Bad input: `DataError` (see base.py) before any batch is made.
 """
@@ -37,7 +45,7 @@ from typing import Iterator
 import numpy as np
 
 from attn.data import bucketing
-from attn.data.base import EOS, PAD, DataError, get_source
+from attn.data.base import EOS, PAD, UNK, DataError, get_source
 from attn.data.config import DataConfig
 from attn.data.tokenize import Vocab, build_vocab, load_vocab, vocab_from_counts
 
@@ -87,9 +95,10 @@ class _Collate:
   """grain map: (bucket, rows) -> batch dict (see module docstring)."""
 
   def __init__(self, split: SplitData, src_vocab: Vocab, tgt_vocab: Vocab, shapes, read,
-               read_alignment=None):
+               read_alignment=None, extended: bool = False):
     self.split, self.src_vocab, self.tgt_vocab = split, src_vocab, tgt_vocab
     self.shapes, self.read, self.read_alignment = shapes, read, read_alignment
+    self.extended = extended  # needs src_vocab is tgt_vocab (DataConfig.validate)
 
   def __call__(self, item) -> dict[str, np.ndarray]:
     k, rows = item
@@ -105,14 +114,30 @@ class _Collate:
     }
     if self.read_alignment is not None:
       batch["alignments"] = np.zeros((b, tt, ts), np.float32)
+    if self.extended:
+      batch["src_ext"] = np.full((b, ts), PAD, np.int32)
+      batch["tgt_ext"] = np.full((b, tt), PAD, np.int32)
     valid = np.flatnonzero(rows >= 0)
     recs = _records(sp.source, sp.record[rows[valid]])
     for r, rec in zip(valid, recs):
       row = rows[r]
       sl, tl = int(sp.src_len[row]), int(sp.tgt_len[row])
       src_text, tgt_text = self.read(rec)
-      src_ids = self.src_vocab.encode(src_text)[:sl - 1]
-      tgt_ids = self.tgt_vocab.encode(tgt_text)[:tl - 1]
+      if self.extended:
+        v = self.src_vocab
+        oovs = v.source_oovs(src_text, sl - 1)
+        src_ext = np.asarray(v.encode_extended(src_text, oovs)[:sl - 1], np.int32)
+        tgt_ext = np.asarray(v.encode_extended(tgt_text, oovs)[:tl - 1], np.int32)
+        batch["src_ext"][r, :src_ext.size] = src_ext
+        batch["src_ext"][r, sl - 1] = EOS
+        batch["tgt_ext"][r, :tgt_ext.size] = tgt_ext
+        batch["tgt_ext"][r, tl - 1] = EOS
+        # the plain ids are the extended ones with every OOV back to UNK (one tokenization less)
+        src_ids = np.where(src_ext >= v.size, UNK, src_ext)
+        tgt_ids = np.where(tgt_ext >= v.size, UNK, tgt_ext)
+      else:
+        src_ids = self.src_vocab.encode(src_text)[:sl - 1]
+        tgt_ids = self.tgt_vocab.encode(tgt_text)[:tl - 1]
       if len(src_ids) != sl - 1 or len(tgt_ids) != tl - 1:
         raise DataError(f"{sp.description}: record {sp.record[row]} no longer has the length "
                         "measured at load time (stale lengths cache? delete <workdir>/data_lengths)")
@@ -167,6 +192,7 @@ class DataBundle:
     shapes are (B_k, Ts_k) and (B_k, Tt_k): at most len(shapes) compilations per split kind.
   splits: role ("train", "eval", "test") -> SplitData, for the roles the data has.
   has_alignments: batches carry `alignments` (built-in tasks).
+  config.extended_vocab: batches carry `src_ext` and `tgt_ext` (module docstring).
   steps_per_epoch: training batches in one pass over the training split.
   """
   config: DataConfig
@@ -187,7 +213,8 @@ class DataBundle:
   def _collate(self, role: str) -> _Collate:
     src = self._source
     return _Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
-                    src.read_alignment if self.has_alignments else None)
+                    src.read_alignment if self.has_alignments else None,
+                    extended=self.config.extended_vocab)
 
   def train_dataset(self, select_rows=None):
     """Infinite grain.MapDataset of training batches; element k = the batch of step k.
@@ -245,6 +272,24 @@ class DataBundle:
   def references(self, role: str = "test") -> list[str]:
     """Target text of every record of the split, indexed by example_id (raw text, not tokenized)."""
     return [t for _, t in _scan(self.splits[role].source, self._source.read)]
+
+  def reference_sets(self, role: str = "test") -> list[list[str]]:
+    """Every reference of every record of the split, indexed by example_id: [target text] + the
+    non-empty texts of data.reference_fields (raw text). Training records give [target text]:
+    their reference fields are not read."""
+    src = self._source
+    return [[t, *(r for r in refs if r.strip())] for t, refs in
+            _scan(self.splits[role].source, lambda rec: (src.read(rec)[1],
+                                                         src.read_references(role, rec)))]
+
+  def source_oovs(self, role: str = "test") -> list[list[str]]:
+    """Per record, indexed by example_id: the tokens numbered V, V + 1, ... in its src_ext and
+    tgt_ext (`Vocab.source_oovs` of its source, truncated as in its batches), for reading
+    outputs with `Vocab.decode_extended` / `labels_extended`. [] for dropped training records."""
+    sp, v = self.splits[role], self.src_vocab
+    limit = dict(zip(sp.record.tolist(), (sp.src_len - 1).tolist()))
+    return [v.source_oovs(s, limit[i]) if i in limit else []
+            for i, s in enumerate(self.sources(role))]
 
   def sources(self, role: str = "test") -> list[str]:
     """Source text of every record of the split, indexed by example_id."""
@@ -392,6 +437,9 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
   """
   cfg = DataConfig.from_config(data_config)
   source = get_source(cfg.task)(cfg)
+  if cfg.reference_fields and not source.reads_references:
+    raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
+                    "has no reference fields (only jsonl and tfds records do)")
   if workdir:
     os.makedirs(workdir, exist_ok=True)
   source.prepare(_cache_dir(cfg, workdir))

@@ -31,9 +31,11 @@ def _text(value) -> str:
 
 
 class Source(abc.ABC):
-  """Interface. Subclasses set `has_alignments` and implement the methods below."""
+  """Interface. Subclasses set `has_alignments` (batches carry gold alignments) and
+  `reads_references` (records can carry data.reference_fields) and implement the methods below."""
   name = ""
   has_alignments = False
+  reads_references = False
 
   def __init__(self, cfg: DataConfig):
     self.cfg = cfg
@@ -59,6 +61,12 @@ class Source(abc.ABC):
 
   def read(self, record) -> tuple[str, str]:
     return _text(record["src"]), _text(record["tgt"])
+
+  def read_references(self, role: str, record) -> list[str]:
+    """The texts of data.reference_fields in a record of `role` (maybe empty strings); [] for
+    training records and for sources without reference fields."""
+    del role, record
+    return []
 
   def describe(self, role: str) -> str:
     return f"{self.name} {role} split"
@@ -120,8 +128,12 @@ class _LocalSource(Source):
     """Implemented by each subclass."""
 
   @abc.abstractmethod
-  def _check(self, files: list[str]) -> None:
+  def _check(self, split: str, files: list[str]) -> None:
     """Implemented by each subclass."""
+
+  def _params(self) -> dict:
+    """Settings the records depend on besides the files (they key the builder config)."""
+    return {}
 
   def prepare(self, cache_dir):
     from attn.data import builders  # pylint: disable=import-outside-toplevel
@@ -133,15 +145,15 @@ class _LocalSource(Source):
       if not _SPLIT_RE.match(split):
         raise DataError(f"split name {split!r} ({role}) must be letters, digits and _ only")
       splits[split] = self._files(split)
-    params = {"kind": self.kind, "src_field": self.cfg.src_field, "tgt_field": self.cfg.tgt_field,
+    params = {"kind": self.kind, **self._params(),
               "splits": {s: [builders.file_entry(p) for p in files] for s, files in splits.items()}}
     config = builders.config_for(self.kind, params)
     self._config_name = config.name
     self._files_by_split = splits
 
     def validate():
-      for files in splits.values():
-        self._check(files)
+      for split, files in splits.items():
+        self._check(split, files)
 
     builder = builders.prepare(builders.AttnText, config, cache_dir, validate)
     self._sources = {r: builder.as_data_source(s) for r, s in self.splits().items()}
@@ -161,22 +173,40 @@ class ParallelTextSource(_LocalSource):
   def _files(self, split):
     return list(corpora.parallel_paths(self.cfg.dir, split, self.cfg.src_lang, self.cfg.tgt_lang))
 
-  def _check(self, files):
+  def _check(self, split, files):
+    del split
     corpora.check_parallel(*files)
 
 
 @register_source("jsonl")
 class JsonlSource(_LocalSource):
-  """`<dir>/<split>.jsonl[.gz]` with fields data.src_field, data.tgt_field."""
+  """`<dir>/<split>.jsonl[.gz]` with fields data.source_field, data.target_field, and in the
+  eval/test splits data.reference_fields."""
   kind = "jsonl"
+  reads_references = True
+
+  def _reference_splits(self) -> list[str]:
+    return sorted({s for role, s in self.splits().items() if role != "train"})
+
+  def _params(self):
+    c = self.cfg
+    return {"source_field": c.source_field, "target_field": c.target_field,
+            "reference_fields": list(c.reference_fields),
+            "reference_splits": self._reference_splits() if c.reference_fields else []}
 
   def _files(self, split):
-    if not self.cfg.src_field or not self.cfg.tgt_field:
-      raise DataError("data.task=jsonl needs data.src_field and data.tgt_field")
+    if not self.cfg.source_field or not self.cfg.target_field:
+      raise DataError("data.task=jsonl needs data.source_field and data.target_field")
     return [corpora.jsonl_path(self.cfg.dir, split)]
 
-  def _check(self, files):
-    corpora.check_jsonl(files[0], self.cfg.src_field, self.cfg.tgt_field)
+  def _check(self, split, files):
+    c = self.cfg
+    refs = c.reference_fields if split in self._reference_splits() else ()
+    corpora.check_jsonl(files[0], c.source_field, c.target_field, refs)
+
+  def read_references(self, role, record):
+    del role  # the builder wrote empty `refs` for training-only splits
+    return [_text(r) for r in record["refs"]] if self.cfg.reference_fields else []
 
 
 class _ItemwiseSource:
@@ -193,6 +223,8 @@ class _ItemwiseSource:
 
 
 def _batch_readable(ds):
+  if not hasattr(ds, "__getitems__"):  # a plain sequence: read item by item (pipeline._records)
+    return ds
   try:
     ds.__getitems__([0])
   except TypeError:
@@ -203,23 +235,34 @@ def _batch_readable(ds):
 @register_source("tfds")
 class TfdsSource(Source):
   """A named TFDS dataset (tfds_sources.py), prepared as array_record in data.tfds_data_dir."""
+  reads_references = True
 
   def prepare(self, cache_dir):
     del cache_dir
     c = self.cfg
     if not c.tfds_name:
       raise DataError("data.task=tfds needs data.tfds_name (e.g. ted_hrlr_translate/pt_to_en)")
-    self.fields = tfds_sources.fields_for(c.tfds_name, c.src_lang, c.tgt_lang, c.src_field,
-                                          c.tgt_field)
+    self.fields = tfds_sources.fields_for(c.tfds_name, c.src_lang, c.tgt_lang, c.source_field,
+                                          c.target_field)
     for role, split in self.splits().items():
       ds = tfds_sources.open_split(c.tfds_name, split, c.tfds_data_dir)
       if len(ds):
-        tfds_sources.check_fields(c.tfds_name, ds[0], self.fields)
+        refs = c.reference_fields if role != "train" else ()
+        tfds_sources.check_fields(c.tfds_name, ds[0], (*self.fields, *refs))
         ds = _batch_readable(ds)
       self._sources[role] = ds
 
   def read(self, record):
     return _text(record[self.fields[0]]), _text(record[self.fields[1]])
+
+  def read_references(self, role, record):
+    if role == "train":
+      return []
+    missing = [f for f in self.cfg.reference_fields if f not in record]
+    if missing:
+      raise DataError(f"{self.describe(role)}: a record has no field(s) {missing} (fields: "
+                      f"{', '.join(sorted(record))}); check data.reference_fields")
+    return [_text(record[f]) for f in self.cfg.reference_fields]
 
   def describe(self, role):
     return f"TFDS {self.cfg.tfds_name} split {self.splits()[role]}"

@@ -6,7 +6,7 @@ and point `data.tfds_data_dir` at DIR. Tests use `tfds.testing.mock_data`.
 
 `NAMED` knows where each dataset's source and target live and which module registers it (legacy
 datasets are only registered once their module is imported). Other TFDS names work too when
-`data.src_field` and `data.tgt_field` are given.
+`data.source_field` and `data.target_field` are given.
 """
 
 from __future__ import annotations
@@ -48,18 +48,18 @@ def base_name(tfds_name: str) -> str:
   return tfds_name.split("/")[0].split(":")[0]
 
 
-def fields_for(tfds_name: str, src_lang: str, tgt_lang: str, src_field: str,
-               tgt_field: str) -> tuple[str, str]:
+def fields_for(tfds_name: str, src_lang: str, tgt_lang: str, source_field: str,
+               target_field: str) -> tuple[str, str]:
   """(source field, target field): explicit fields win, then the NAMED entry."""
-  if src_field and tgt_field:
-    return src_field, tgt_field
+  if source_field and target_field:
+    return source_field, target_field
   entry = NAMED.get(base_name(tfds_name))
   if entry is None:
     raise DataError(f"TFDS dataset {tfds_name!r} is not one of {', '.join(sorted(NAMED))}: "
-                    "set data.src_field and data.tgt_field")
+                    "set data.source_field and data.target_field")
   if entry.translation:
-    return src_field or src_lang, tgt_field or tgt_lang
-  return src_field or entry.src, tgt_field or entry.tgt
+    return source_field or src_lang, target_field or tgt_lang
+  return source_field or entry.src, target_field or entry.tgt
 
 
 def register(tfds_name: str) -> None:
@@ -87,8 +87,9 @@ def open_split(tfds_name: str, split: str, data_dir: str | None):
                     f"{tfds_name} --file_format=array_record --data_dir=...`)") from e
 
 
-def check_fields(tfds_name: str, record: dict, fields: tuple[str, str]) -> None:
+def check_fields(tfds_name: str, record: dict, fields: tuple[str, ...]) -> None:
   missing = [f for f in fields if f not in record]
   if missing:
     raise DataError(f"TFDS {tfds_name}: no field(s) {missing} in its records (fields: "
-                    f"{', '.join(sorted(record))}); set data.src_field/tgt_field or src/tgt_lang")
+                    f"{', '.join(sorted(record))}); check data.source_field/target_field, "
+                    "src/tgt_lang and reference_fields")

@@ -119,6 +119,12 @@ class Vocab:
 
   encode(text) -> list[int] without BOS/EOS; unknown tokens map to UNK.
   decode(ids) -> str: stops at the first EOS, skips PAD and BOS, writes UNK as "<unk>", detokenizes.
+
+  Source-extended ids, for copying models (the pointer-generator's extended vocabulary, See et
+  al. 2017 sec. 2.2): `source_oovs(src)` lists the distinct out-of-vocabulary tokens of a source
+  in order of first appearance; with that list `oovs`, token oovs[k] has id size + k in
+  `encode_extended` (of the source or of its target; other unknown tokens stay UNK) and back in
+  `decode_extended` / `labels_extended`.
   """
 
   def __init__(self, tokens: Sequence[str], spec: TokenizerSpec = TokenizerSpec()):
@@ -165,21 +171,54 @@ class Vocab:
   def decode(self, ids: Iterable[int]) -> str:
     return self.detokenize(self.decode_tokens(ids))
 
-  def decode_tokens(self, ids: Iterable[int]) -> list[str]:
-    """Tokens of `ids` up to the first EOS, without PAD/BOS."""
+  def _token(self, i: int, oovs: Sequence[str] = ()) -> str:
+    """Token of id i; ids from size on index `oovs`; anything else is "<unk>"."""
+    if 0 <= i < len(self._itos):
+      return self._itos[i]
+    k = i - len(self._itos)
+    return oovs[k] if 0 <= k < len(oovs) else SPECIAL_TOKENS[UNK]
+
+  def decode_tokens(self, ids: Iterable[int], oovs: Sequence[str] = ()) -> list[str]:
+    """Tokens of `ids` up to the first EOS, without PAD/BOS (ids >= size: see decode_extended)."""
     out = []
     for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
       if i == EOS:
         break
       if i in (PAD, BOS):
         continue
-      out.append(self._itos[i] if 0 <= i < len(self._itos) else SPECIAL_TOKENS[UNK])
+      out.append(self._token(i, oovs))
     return out
 
   def labels(self, ids: Iterable[int]) -> list[str]:
     """One printable label per id, specials included, so heatmap axes match attention rows and
     columns one to one. Sentencepiece's word marker U+2581 (missing from common fonts) shows as _."""
-    return [(self._itos[i] if 0 <= i < len(self._itos) else SPECIAL_TOKENS[UNK]).replace("\u2581", "_")
+    return self.labels_extended(ids, ())
+
+  # -- source-extended ids (see the class docstring)
+  def source_oovs(self, text: str, limit: int | None = None) -> list[str]:
+    """Distinct tokens of `text` missing from the vocabulary, in order of first appearance,
+    among its first `limit` tokens (None: all). oovs[k] gets the extended id size + k."""
+    seen: dict[str, None] = {}
+    for tok in self.tokenize(text)[:limit]:
+      if tok not in self._stoi:
+        seen.setdefault(tok)
+    return list(seen)
+
+  def encode_extended(self, text: str, oovs: Sequence[str]) -> list[int]:
+    """`encode(text)`, except that a token missing from the vocabulary that is oovs[k] gets
+    size + k (other unknown tokens stay UNK). For a source, pass `source_oovs` of that source;
+    for its target, the same list (a target token is copyable only if the source has it)."""
+    ext = {t: self.size + k for k, t in enumerate(oovs)}
+    stoi = self._stoi
+    return [stoi[t] if t in stoi else ext.get(t, UNK) for t in self.tokenize(text)]
+
+  def decode_extended(self, ids: Iterable[int], oovs: Sequence[str]) -> str:
+    """`decode` for extended ids: id size + k is oovs[k]; ids past the list read "<unk>"."""
+    return self.detokenize(self.decode_tokens(ids, oovs))
+
+  def labels_extended(self, ids: Iterable[int], oovs: Sequence[str]) -> list[str]:
+    """`labels` for extended ids (id size + k is oovs[k]; past the list "<unk>")."""
+    return [self._token(i, oovs).replace("\u2581", "_")
             for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist()]
 
   # -- persistence
@@ -231,8 +270,25 @@ class SentencePieceVocab(Vocab):
       if i == EOS:
         break
       if i not in (PAD, BOS):
-        out.append(i)
+        out.append(i if 0 <= i < self.size else UNK)  # sentencepiece raises on unknown ids
     return self._sp.decode(out)
+
+  # Pieces cover every string the model was trained on, so a source has no OOV tokens to copy
+  # and the extended ids are the ordinary ones. (A character never seen in training still encodes
+  # to UNK and stays UNK: train with byte fallback to avoid those.)
+  def source_oovs(self, text: str, limit: int | None = None) -> list[str]:
+    del text, limit
+    return []
+
+  def encode_extended(self, text: str, oovs: Sequence[str]) -> list[int]:
+    if oovs:
+      raise ValueError("a sentencepiece vocabulary has no OOV tokens (source_oovs is empty)")
+    return self.encode(text)
+
+  def decode_extended(self, ids: Iterable[int], oovs: Sequence[str]) -> str:
+    if oovs:
+      raise ValueError("a sentencepiece vocabulary has no OOV tokens (source_oovs is empty)")
+    return self.decode(ids)
 
   def to_json(self) -> dict:
     return {"format": VOCAB_FORMAT, "tokenizer": dataclasses.asdict(self.spec),
