@@ -39,8 +39,12 @@ browser:
 	  echo "could not install chromium: the browser tests will skip"; \
 	else echo "chromium is not installed and this is not root with apt: the browser tests will skip"; fi
 
+# Test files are spread over PYTEST_WORKERS processes (pytest-xdist), each file kept in one
+# worker so its module fixtures (a trained run several tests read) are built once. Most tests are
+# bound by single-threaded XLA compilation, so two workers use both cores of a CI machine.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist=loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

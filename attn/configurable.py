@@ -33,17 +33,33 @@ def help_of(cls) -> dict[str, str]:
   return {f.name: f.metadata.get("help", "") for f in settable_fields(cls)}
 
 
+def _is_section(default) -> bool:
+  """A field whose default is a dataclass instance is a nested section of the config."""
+  return dataclasses.is_dataclass(default) and not isinstance(default, type)
+
+
+def _settable_values(obj) -> dict:
+  return {f.name: getattr(obj, f.name) for f in settable_fields(type(obj))}
+
+
 def config_dict(cls, **overrides):
   """An ml_collections ConfigDict holding every settable field of `cls` at its default, then
-  `overrides` (unknown names are refused: a preset cannot invent a field)."""
+  `overrides` (unknown names are refused: a preset cannot invent a field). A field whose default
+  is a dataclass instance becomes a nested ConfigDict of that dataclass's fields (so
+  `--config.model.cross.scope=topk` works); its override is a dict of some of those fields."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  values = {f.name: f.default for f in settable_fields(cls)}
-  unknown = sorted(set(overrides) - set(values))
+  defaults = {f.name: f.default for f in settable_fields(cls)}
+  unknown = sorted(set(overrides) - set(defaults))
   if unknown:
-    raise ConfigError(f"unknown {cls.__name__} fields {unknown}; known: {', '.join(sorted(values))}")
-  values.update(overrides)
+    raise ConfigError(f"unknown {cls.__name__} fields {unknown}; "
+                      f"known: {', '.join(sorted(defaults))}")
   cfg = ml_collections.ConfigDict()
-  for k, v in values.items():
+  for k, default in defaults.items():
+    v = overrides.get(k, default)
+    if _is_section(default):  # overridden by an instance, or by a dict of some of its fields
+      values = _settable_values(v) if _is_section(v) else {**_settable_values(default),
+                                                           **as_dict(v)}
+      v = config_dict(type(default), **values)
     setattr(cfg, k, tuple(v) if isinstance(v, list) else v)
   return cfg
 
@@ -55,15 +71,41 @@ def as_dict(cfg) -> dict:
   return dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
 
 
+def _is_str_tuple(field: dataclasses.Field) -> bool:
+  # Annotations are strings under `from __future__ import annotations`.
+  return field.type in ("tuple[str, ...]", tuple[str, ...])
+
+
+def split_commas(value) -> tuple[str, ...]:
+  """("a", "b") from "a,b", ("a,b",) or ["a", "b"]; blanks dropped, so "" gives ().
+
+  ml_collections parses `--config.x=a,b` for a tuple field as the one string ("a,b",) (a bare
+  name is not a Python literal), so a comma list must be split here to work from the command line.
+  """
+  out = []
+  for item in [value] if isinstance(value, str) else value:
+    if isinstance(item, str):
+      out += [p.strip() for p in item.split(",") if p.strip()]
+    else:
+      out.append(item)  # not a string: left for the dataclass's validation to refuse
+  return tuple(out)
+
+
 def from_config(cls, cfg, *, section: str, error: type[Exception] = ConfigError, **derived):
   """`cls(**cfg, **derived)`: unknown fields raise `error` naming the section; lists become tuples
-  where the field's default is a tuple. Validation is the dataclass's own `__post_init__`."""
+  where the field's default is a tuple, and `tuple[str, ...]` fields also take a comma string
+  (`split_commas`); nested sections (dataclass-valued fields) are built the same way, their
+  unknown fields named as `section.field`. Validation is the dataclass's own `__post_init__`."""
   given = as_dict(cfg)
   fields = {f.name: f for f in settable_fields(cls)}
   unknown = sorted(set(given) - set(fields))
   if unknown:
     raise error(f"unknown {section} config fields {unknown}; known: {', '.join(sorted(fields))}")
   for k, v in given.items():
-    if isinstance(fields[k].default, tuple) and isinstance(v, list):
+    if _is_section(fields[k].default) and not _is_section(v):
+      given[k] = from_config(type(fields[k].default), v, section=f"{section}.{k}", error=error)
+    elif _is_str_tuple(fields[k]) and isinstance(v, (str, list, tuple)):
+      given[k] = split_commas(v)
+    elif isinstance(fields[k].default, tuple) and isinstance(v, list):
       given[k] = tuple(v)
   return cls(**given, **derived)

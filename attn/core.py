@@ -119,7 +119,7 @@ def fused_heads(score, params, q, kp, v, *, temperature=1.0, causal=False, key_l
 def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, temperature=1.0,
            causal=False, scope="global", scope_params=None, half_width=None, top_k=None,
            positions=None, keys_prepared=False, key_lengths=None, fused=False,
-           return_scores=False):
+           return_scores=False, bias=None):
   """Attention over keys with a named score, normalizer and scope.
 
   params: the score's parameters (None for dot / scaled_dot).
@@ -140,18 +140,25 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
     normalizer; -inf where the mask, causality or the scope forbid attending), so that
     weights == normalize(e, isfinite(e), normalizer, temperature) (times the scope's gain, for
     local_p). None where no score is formed (linear scope, fused).
+  bias: optional additive bias broadcastable to [..., Tq, Tk], added to the scores before the
+    scope and the normalizer (a position bias such as ALiBi); the returned raw scores include
+    it. The fused kernels and linear attention form no scores to add it to: refused there.
   """
   out = _attend(params, q, k, v, score=score, normalizer=normalizer, mask=mask,
                 temperature=temperature, causal=causal, scope=scope, scope_params=scope_params,
                 half_width=half_width, top_k=top_k, positions=positions,
-                keys_prepared=keys_prepared, key_lengths=key_lengths, fused=fused)
+                keys_prepared=keys_prepared, key_lengths=key_lengths, fused=fused, bias=bias)
   return out if return_scores else out[:2]
 
 
 def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, scope,
-            scope_params, half_width, top_k, positions, keys_prepared, key_lengths, fused):
+            scope_params, half_width, top_k, positions, keys_prepared, key_lengths, fused,
+            bias=None):
   """attend() returning (context, weights, raw scores)."""
   _check_qkv(q, k, v)
+  if bias is not None and (fused or get(scope, "scope").full_attention):
+    raise ValueError("a score bias needs the scores formed; fused attention and scope "
+                     f"{scope!r} never form them")
   if fused:
     why = fused_unsupported(score, normalizer, scope, mask)
     if why:
@@ -173,6 +180,8 @@ def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, sc
     return (*scope_variant.fn(q, k, v, mask, causal=causal), None)
   kp = k if keys_prepared else prepare_keys(score, params, k)
   e = get(score, "score").fn(params, q, kp)  # [..., Tq, Tk]
+  if bias is not None:
+    e = e + jnp.asarray(bias).astype(e.dtype)
   m = _full_mask(mask, e.shape)
   if causal:
     m = m & masks_lib.causal_mask(*e.shape[-2:])

@@ -335,8 +335,9 @@ def analyze_batch(graphdef, params, batch, key, *, interventions=DEFAULT_INTERVE
 
 
 def _greedy(task, graphdef, params, src, src_lengths, *, max_len):
-  return task.decode(nnx.merge(graphdef, params), src, src_lengths, max_len=max_len,
-                     beam_size=1, length_penalty=0.0)
+  from attn.training.task import Search  # pylint: disable=import-outside-toplevel
+  return task.decode(nnx.merge(graphdef, params), {"src": src, "src_lengths": src_lengths},
+                     max_len=max_len, search=Search(beam_size=1, length_penalty=0.0))
 
 
 def _reference_attention(graphdef, params, batch):
@@ -353,6 +354,9 @@ def analysis_model(run):
   unfused variant. Raises DiagnosisError for a decoder without attention or a scope that never
   forms weights (linear attention)."""
   mc = run.mc
+  if not hasattr(run.model, "counterfactual"):
+    raise DiagnosisError(f"{run.workdir}: the {mc.variant['decoder']} model has no "
+                         "counterfactual hook yet; the diagnosis covers the recurrent models")
   if not mc.has_attention:
     raise DiagnosisError(
         f"{run.workdir}: decoder {mc.decoder!r} has no attention (the source enters through one "
@@ -412,7 +416,7 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
       align["gold"].append(batch["alignments"][use])
       align["tl"].append(batch["tgt_lengths"][use])
       align["sl"].append(batch["src_lengths"][use])
-    max_len = int(run.tc.max_decode_ratio * src.shape[1]) + 10
+    max_len = run.tc.max_output_len(src.shape[1])
     dec = _jit(_greedy, run.task, graphdef, max_len=max_len)(params, src, src_len)
     tokens, lengths = np.asarray(dec.tokens), np.asarray(dec.lengths)
     T = min(_round_up(int(lengths[use].max(initial=1))), tokens.shape[1])  # fewer shapes to jit

@@ -1,4 +1,5 @@
-"""One registry of named variants: attention scores, normalizers and scopes, model decoders and cells.
+"""One registry of named variants: attention scores, normalizers and scopes, model decoders, cells,
+architectures and positional encodings.
 
 Flags, sweeps and tests look names up here; nothing else in the project branches on a
 variant's name: behaviour that depends on the variant (its key-side `prepare`, its fused kernel,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-KINDS = ("score", "normalizer", "scope", "decoder", "cell", "task")
+KINDS = ("score", "normalizer", "scope", "decoder", "cell", "task", "arch", "pos_encoding")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -147,7 +147,7 @@ def main(argv):
   traced = np.array([counted[s] for s in shapes])
   B, D, V = batches[0]["src"].shape[0], base.mc.dec_hidden, base.mc.tgt_vocab
   out_layer = np.array([3 * 2 * B * Tt * D * V for _, _, _, Tt in shapes])  # fwd + 2x bwd
-  print(f"model {base.mc.decoder}/{base.mc.score}: {FLAGS.steps} batches x {FLAGS.rounds} "
+  print(f"model {base.mc.variant['decoder']}/{base.mc.variant['score']}: {FLAGS.steps} batches x {FLAGS.rounds} "
         f"rounds per dtype, batch {B}, {count_params(base.model):,} parameters")
   print(f"matmul work a step: {analytic.mean() / 1e9:.1f} GFLOP analytic, "
         f"{traced.mean() / 1e9:.1f} GFLOP counted on the traced step "

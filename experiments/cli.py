@@ -143,6 +143,18 @@ def run(main):
   app.run(guarded, flags_parser=parse_flags)
 
 
+def train_and_report(config, workdir: str, task: str) -> None:
+  """What a training experiment's main does: joins the cluster (from the distributed flags),
+  trains and evaluates `task` in `workdir` (resuming), and prints the results table once."""
+  started = start_distributed()  # before any JAX computation
+  from attn import training  # pylint: disable=import-outside-toplevel  (after flag parsing)
+  results = training.train_and_evaluate(config, workdir, task=task)
+  if training.distributed.is_primary():
+    print(training.results_table([results]))
+  if started:
+    training.distributed.shutdown()
+
+
 def serve(make_server, port: int, path: str = "") -> None:
   """Serves on 127.0.0.1 until Ctrl-C (the way to stop serving, not an interruption of work):
   `make_server()` builds the http.server; a port that cannot be bound is one `error:` line."""

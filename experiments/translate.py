@@ -36,13 +36,7 @@ def validate_config(config):
 
 def main(argv):
   del argv
-  started = cli.start_distributed()  # before any JAX computation
-  from attn import training  # pylint: disable=import-outside-toplevel  (after flag parsing)
-  results = training.train_and_evaluate(FLAGS.config, FLAGS.workdir, task="translate")
-  if training.distributed.is_primary():
-    print(training.results_table([results]))
-  if started:
-    training.distributed.shutdown()
+  cli.train_and_report(FLAGS.config, FLAGS.workdir, task="translate")
 
 
 if __name__ == "__main__":

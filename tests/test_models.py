@@ -196,12 +196,12 @@ def test_teacher_forcing_along_the_search_output_replays_its_attention(name, bea
   """The run viewer's raw scores come from teacher forcing along the decoded output: that must
   replay the steps the search took (same weights), and the scores must renormalize to them."""
   from attn import core
-  from attn.training.task import TranslationTask
+  from attn.training.task import Search, TranslationTask
   cfg = _cfg(**VARIANTS[name])
   model = build_model(cfg)
   batch = _batch()
-  out = TranslationTask().decode(model, batch["src"], batch["src_lengths"], max_len=7,
-                                 beam_size=beam_size, length_penalty=0.6)
+  out = TranslationTask().decode(model, batch, max_len=7,
+                                 search=Search(beam_size=beam_size, length_penalty=0.6))
   _, att = model.attention({**batch, "tgt": out.tokens, "tgt_lengths": out.lengths})
   valid = np.arange(7)[None, :, None] < np.asarray(out.lengths)[:, None, None]
   np.testing.assert_allclose(np.where(valid, att.weights, 0), out.weights, atol=1e-5)

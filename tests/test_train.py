@@ -114,9 +114,8 @@ def test_translate_cli_writes_every_promised_file(tmp_path):
   # load_run restores the best checkpoint: decoding with it reproduces predictions.txt.
   run = training.load_run(str(wd))
   batch = next(run.bundle.batches("test"))
-  max_len = int(run.tc.max_decode_ratio * batch["src"].shape[1]) + 10  # as the run decoded
-  out = run.task.decode(run.model, batch["src"], batch["src_lengths"], max_len=max_len,
-                        beam_size=run.tc.beam_size, length_penalty=run.tc.length_penalty)
+  max_len = run.tc.max_output_len(batch["src"].shape[1])  # as the run decoded
+  out = run.task.decode(run.model, batch, max_len=max_len, search=run.tc.search())
   first = int(batch["example_id"][0])
   assert run.bundle.tgt_vocab.decode(np.asarray(out.tokens[0]).tolist()) == predictions[first]
 
@@ -151,3 +150,21 @@ def test_max_wall_s_stops_training_then_evaluates_and_saves(tmp_path):
   metrics = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [m["split"] for m in metrics if m["step"] == 1].count("eval") == 1
   assert (tmp_path / "checkpoints" / "1").exists()
+
+
+def test_results_report_the_whole_run_when_an_earlier_checkpoint_is_best(tmp_path, monkeypatch):
+  """The test split is decoded with best/, but wall_s and tokens/s are the whole run's, not
+  the counters saved with the best checkpoint."""
+  from attn.training import loop
+  evals = []
+  monkeypatch.setattr(loop, "is_better", lambda score, best: not evals.append(score)
+                      and len(evals) == 1)  # only the first evaluation is "best"
+  res = training.train_and_evaluate(_tiny_config(steps=4, eval_every=2, checkpoint_every=2,
+                                                 log_every=1), str(tmp_path))
+  assert res["best_step"] == 2 and res["step"] == 4
+  with open(tmp_path / "checkpoints" / "4" / "meta" / "metadata") as f:
+    latest = json.load(f)
+  with open(tmp_path / "best" / "2" / "meta" / "metadata") as f:
+    best = json.load(f)
+  assert best["wall_s"] < latest["wall_s"] <= res["wall_s"]  # (the clock runs past the save)
+  assert res["tokens_per_sec"] * res["wall_s"] == pytest.approx(latest["train_tokens"])

@@ -14,6 +14,24 @@ from attn.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionRole:
+  """The variant of one of the Transformer's attentions (encoder self-attention, decoder
+  self-attention, cross-attention), each a nested section: `--config.model.cross.scope=topk`.
+  Validated by the model that uses it (attn.models.transformer.Transformer.check_config)."""
+  score: str = option("scaled_dot", "dot | scaled_dot | general | additive (attn registry; "
+                      "additive's size is the head size)")
+  normalizer: str = option("softmax", "softmax | sparsemax | entmax15")
+  temperature: float = option(1.0, "divides the scores before the normalizer")
+  scope: str = option("global", "global | window | topk | linear (attn registry; window is "
+                      "centred at each query's position)")
+  half_width: int = option(5, "scope=window: query i sees keys |j - i| <= half_width")
+  top_k: int = option(8, "scope=topk: each query keeps its top_k highest-scoring keys")
+
+  def replace(self, **kw) -> "AttentionRole":
+    return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Seq2seq model hyper-parameters (src_vocab / tgt_vocab come from the data, not the config)."""
   src_vocab: int = option(0, "source vocabulary size (from the data)", derived=True)
@@ -36,14 +54,48 @@ class ModelConfig:
   input_feeding: bool = option(True, "Luong: feed h~_{t-1} into the RNN")
   fused: bool = option(False, "run attention through the fused kernels (decoders and variants "
                        "that support it: Luong without input feeding, dot/scaled_dot/additive)")
-  max_src_len: int = option(128, "the longest source the `location` score can address")
+  max_src_len: int = option(128, "the longest source the `location` score (and a Transformer's "
+                            "learned positions) can address")
+  pointer: bool = option(
+      False, "pointer-generator (See et al. 2017): p_gen mixes the vocabulary distribution with "
+      "the attention over the source, on each example's source-extended vocabulary (needs "
+      "data.extended_vocab and a shared vocabulary)")
+  coverage: bool = option(
+      False, "coverage (See et al. 2017): the sum of earlier attention enters the additive score, "
+      "and coverage_loss_weight * sum_i min(a_i, c_i) joins the loss (decoder=bahdanau, "
+      "score=additive); may be switched on when resuming a run trained without it")
+  coverage_loss_weight: float = option(1.0, "weight of the coverage loss (model.coverage=True)")
   match_params_of: str = option(
       "", "a decoder name: choose dec_hidden so this model has that decoder's parameter count "
       "(the fair no-attention baseline); '' = off")
+  arch: str = option("rnn", "rnn | transformer (registered architectures); the Transformer "
+                     "reads enc_layers, dec_layers, dropout, fused and the fields below, the RNN "
+                     "the fields above")
+  d_model: int = option(256, "transformer: width of the embeddings and the residual stream")
+  num_heads: int = option(4, "transformer: attention heads (head size d_model / num_heads)")
+  d_ff: int = option(1024, "transformer: inner size of the feed-forward blocks")
+  ff_activation: str = option("relu", "transformer: relu | gelu")
+  pos_encoding: str = option(
+      "sinusoidal", "transformer: none | sinusoidal | learned | rope | alibi (registered; rope "
+      "and alibi act on self-attention only)")
+  tie_embeddings: bool = option(
+      False, "transformer: the output layer is the target embedding matrix transposed "
+      "(Press & Wolf 2017)")
+  max_tgt_len: int = option(
+      128, "transformer: decoding's key/value cache length (the most tokens one search can "
+      "emit) and the learned target-position table's length")
+  enc_self: AttentionRole = option(AttentionRole(), "transformer: encoder self-attention")
+  dec_self: AttentionRole = option(AttentionRole(), "transformer: decoder (causal) "
+                                   "self-attention")
+  cross: AttentionRole = option(AttentionRole(), "transformer: decoder-encoder attention")
+
+  # Fields a resumed run may switch from False to True (its checkpoints gain zero-initialized
+  # parameters): coverage is trained on for a last phase (See et al. 2017).
+  SWITCH_ON_WHEN_RESUMING = ("coverage",)
 
   def __post_init__(self):
-    for field, kind in (("decoder", "decoder"), ("cell", "cell"), ("score", "score"),
-                        ("normalizer", "normalizer"), ("scope", "scope"),
+    for field, kind in (("arch", "arch"), ("decoder", "decoder"), ("cell", "cell"),
+                        ("score", "score"), ("normalizer", "normalizer"), ("scope", "scope"),
                         ("match_params_of", "decoder")):
       name = getattr(self, field)
       if field == "match_params_of" and not name:
@@ -52,13 +104,7 @@ class ModelConfig:
         registry.get(name, kind)
       except KeyError as e:
         raise ConfigError(f"model.{field}: {e.args[0]}") from None
-    self._check_attention_fits()
-    if self.fused:
-      from attn import core  # pylint: disable=import-outside-toplevel
-      why = (registry.get(self.decoder, "decoder").fn.fused_unsupported(self)
-             or core.fused_unsupported(self.score, self.normalizer, self.scope))
-      if why:
-        raise ConfigError(f"model.fused=True: {why}")
+    registry.get(self.arch, "arch").fn.check_config(self)  # raises ConfigError
     if min(self.src_vocab, self.tgt_vocab) < 1:
       raise ConfigError(f"model vocabularies must be non-empty (set from the data), got "
                         f"src_vocab={self.src_vocab}, tgt_vocab={self.tgt_vocab}")
@@ -66,6 +112,35 @@ class ModelConfig:
       raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
     if min(self.emb_dim, self.enc_hidden, self.dec_hidden, self.enc_layers, self.dec_layers) < 1:
       raise ConfigError("model sizes and layer counts must be positive")
+
+  def check_recurrent(self):
+    """The recurrent model's checks (arch=rnn; see Seq2Seq.check_config)."""
+    self._check_attention_fits()
+    if self.fused:
+      from attn import core  # pylint: disable=import-outside-toplevel
+      why = (registry.get(self.decoder, "decoder").fn.fused_unsupported(self)
+             or core.fused_unsupported(self.score, self.normalizer, self.scope))
+      if why:
+        raise ConfigError(f"model.fused=True: {why}")
+    self._check_copying()
+
+  def _check_copying(self):
+    """Pointer and coverage need attention formed one step at a time (coverage: the additive
+    score, which it enters; both: the weights themselves, so no fused kernel)."""
+    if not (self.pointer or self.coverage):
+      return
+    which = "model.pointer" if self.pointer else "model.coverage"
+    if not self.has_attention:
+      raise ConfigError(f"{which}=True needs an attention decoder (bahdanau or luong), "
+                        f"not decoder={self.decoder!r}")
+    if self.fused:
+      raise ConfigError(f"{which}=True needs the attention weights, which model.fused=True "
+                        "never forms")
+    why = self.coverage and registry.get(self.decoder, "decoder").fn.coverage_unsupported(self)
+    if why:
+      raise ConfigError(f"model.coverage=True: {why}")
+    if self.coverage_loss_weight < 0:
+      raise ConfigError(f"model.coverage_loss_weight={self.coverage_loss_weight} must be >= 0")
 
   def _check_attention_fits(self):
     """The score accepts the decoder's query and key sizes (e.g. `dot` needs them equal): traced
@@ -95,7 +170,13 @@ class ModelConfig:
 
   @property
   def has_attention(self) -> bool:
-    return registry.get(self.decoder, "decoder").fn.has_attention
+    return registry.get(self.arch, "arch").fn.attends(self)
+
+  @property
+  def variant(self) -> dict:
+    """decoder, score, normalizer, scope, temperature of the attention the run reports (for a
+    Transformer: decoder "transformer" and its cross-attention's settings)."""
+    return registry.get(self.arch, "arch").fn.describe(self)
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)

@@ -33,14 +33,21 @@ from attn import registry
 from attn.models.encoder import dropout
 from attn.models.layers import linear
 from attn.models.params import as_params, values
+from attn.tokens import UNK
 
 
 class StepAttention(NamedTuple):
   """What a decoder's attention formed: weights [..., Ts] (zeros for decoders without attention)
   and the raw scores [..., Ts] (before temperature and normalizer, -inf where not attendable;
-  None when the variant forms none, e.g. linear attention)."""
+  None when the variant forms none, e.g. linear attention). A pointer-generator also returns the
+  logit of its generation probability, p_gen = sigmoid(p_gen_logit) [...] (else None). A
+  multi-layer, multi-head model (the Transformer) also returns every cross-attention it formed,
+  `heads` [B, L, H, Tt, Ts] teacher-forced, [B, L, H, Ts] per decoding step; `weights` is then
+  one summary of them (see attn.models.transformer.ALIGNMENT_LAYER). None for the RNNs."""
   weights: jax.Array
   scores: jax.Array | None = None
+  p_gen_logit: jax.Array | None = None
+  heads: jax.Array | None = None
 
 
 def _step_positions(t, B):
@@ -69,9 +76,20 @@ class RecurrentDecoder(nnx.Module):
             "fused attention needs all steps' queries at once (decoder='luong', input_feeding=False)")
 
   @classmethod
+  def coverage_unsupported(cls, cfg) -> str | None:
+    """Why this decoder cannot keep a coverage vector in its attention (None if it can)."""
+    return (f"decoder {cfg.decoder!r} has no coverage mechanism; it needs attention computed step "
+            "by step from the recurrent state into an additive score (decoder='bahdanau')")
+
+  @classmethod
   def cell_input_dim(cls, cfg) -> int:
     """Size of the first cell's input at each step."""
     return cfg.emb_dim + cfg.enc_out_dim  # y_{t-1} and the context (or fixed vector)
+
+  @classmethod
+  def feature_dim(cls, cfg) -> int:
+    """Size of the per-step features `recur` returns (what `project` reads): s_t, c_t, y_{t-1}."""
+    return cfg.dec_hidden + cfg.enc_out_dim + cfg.emb_dim
 
   @classmethod
   def readout_flops(cls, cfg) -> int:
@@ -87,6 +105,9 @@ class RecurrentDecoder(nnx.Module):
                                           compute_dtype) for i in range(cfg.dec_layers)])
     self.bridge = self.linear(cfg.enc_out_dim, cfg.dec_hidden, rngs)  # s_0 = tanh(W h_enc)
     self.out = self.linear(d_readout, cfg.tgt_vocab, rngs)  # logits stay float32
+    # The pointer-generator's switch reads the step's features: for Bahdanau's decoder those are
+    # exactly See et al.'s (c_t, s_t, x_t), so p_gen = sigmoid(w_c c + w_s s + w_x x + b).
+    self.gate = self.linear(self.feature_dim(cfg), 1, rngs) if cfg.pointer else None
 
   def linear(self, d_in, d_out, rngs, **kw):
     """An nnx.Linear whose matmul runs in this decoder's compute dtype (float32 parameters)."""
@@ -108,7 +129,18 @@ class RecurrentDecoder(nnx.Module):
     return tuple(new), x
 
   def embed_prev(self, y_prev, key):
-    return dropout(self.embed(y_prev), self.cfg.dropout, key)  # [B, E]
+    return dropout(self.embed(self.in_vocab(y_prev)), self.cfg.dropout, key)  # [B, E]
+
+  def in_vocab(self, ids):
+    """Ids on a source-extended vocabulary (a pointer-generator's copies of source OOVs, ids >= V)
+    fed back as input: they are embedded as UNK."""
+    return jnp.where(ids >= self.cfg.tgt_vocab, UNK, ids)
+
+  def with_gate(self, att, feats):
+    """`att` with the pointer-generator's p_gen logit of these features ([..., F] -> [...])."""
+    if self.gate is None or att is None:
+      return att
+    return att._replace(p_gen_logit=self.gate(feats)[..., 0].astype(jnp.float32))
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
     """Scans `recur` over the target, then projects every step at once.
@@ -124,8 +156,10 @@ class RecurrentDecoder(nnx.Module):
 
     Tt = tgt_in.shape[1]
     _, (feats, att) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
-    logits = self.project(jnp.swapaxes(feats, 0, 1), k_out)  # [B, Tt, V]
-    return logits, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), att)  # [B, Tt, Ts] each
+    feats = jnp.swapaxes(feats, 0, 1)
+    logits = self.project(feats, k_out)  # [B, Tt, V]
+    att = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), att)  # [B, Tt, Ts] each
+    return logits, self.with_gate(att, feats)
 
   def counterfactual(self, memory, tgt_in, intervene):
     """Teacher forcing along tgt_in [B, Tt] (no dropout) that, at every step t, also runs the
@@ -145,10 +179,10 @@ class RecurrentDecoder(nnx.Module):
     return (self.project(swap(feats)), self.project(swap(feats_cf)), jax.tree.map(swap, att))
 
   def step(self, memory, state, y_prev, t, key=None, intervene=None):
-    """One decoding step: (state, logits [B, V], weights [B, Ts])."""
+    """One decoding step: (state, logits [B, V], StepAttention of [B, Ts] arrays)."""
     k_rec, k_out = (None, None) if key is None else jax.random.split(key)
     state, feats, att = self.recur(memory, state, y_prev, t, k_rec, intervene=intervene)
-    return state, self.project(feats, k_out), att.weights
+    return state, self.project(feats, k_out), self.with_gate(att, feats)
 
   def project(self, feats, key=None):
     """Deep output (Cho et al. 2014 eq. 6 / Bahdanau's readout): tanh(W_r feats) -> W_o."""
@@ -200,10 +234,11 @@ class AttentionMixin:
     self.scope_params = as_params(attn.init_scope(
         cfg.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.d_attn))
 
-  def attend(self, memory, q, positions, t=None, intervene=None):
-    """q: [B, Tq, dq]; positions: [B, Tq] target positions (local-m centres).
-    Returns context [B, Tq, He] and StepAttention of [B, Tq, Ts] arrays. With `intervene`, the
-    context is formed from intervene(weights, mask, t) and those weights are returned."""
+  def attend(self, memory, q, positions, t=None, intervene=None, keys=None):
+    """q: [B, Tq, dq]; positions: [B, Tq] target positions (local-m centres); keys: prepared keys
+    replacing memory["keys"] (coverage adds to them). Returns context [B, Tq, He] and
+    StepAttention of [B, Tq, Ts] arrays. With `intervene`, the context is formed from
+    intervene(weights, mask, t) and those weights are returned."""
     cfg = self.cfg
     mask = memory["mask"][:, None, :]
     # Recomputed in the backward pass rather than saved: the additive score's tanh tensor is
@@ -213,7 +248,8 @@ class AttentionMixin:
     run = jax.checkpoint(functools.partial(
         attn.attend, score=cfg.score, normalizer=cfg.normalizer, temperature=cfg.temperature,
         scope=cfg.scope, half_width=cfg.half_width, keys_prepared=True, return_scores=True))
-    ctx, w, e = run(values(self.score_params), q, memory["keys"], memory["values"], mask=mask,
+    keys = memory["keys"] if keys is None else keys
+    ctx, w, e = run(values(self.score_params), q, keys, memory["values"], mask=mask,
                     scope_params=values(self.scope_params), positions=positions)
     if intervene is not None:
       w = intervene(w, mask, t)
@@ -226,6 +262,13 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
   """RNNsearch (Bahdanau et al. 2015): e_tj = a(s_{t-1}, h_j) from the previous state, the context
   c_t enters the recurrence s_t = f(s_{t-1}, y_{t-1}, c_t), deep output from (s_t, c_t, y_{t-1})."""
 
+  @classmethod
+  def coverage_unsupported(cls, cfg) -> str | None:
+    if attn.get(cfg.score, "score").prepare is not attn.get("additive", "score").prepare:
+      return (f"the coverage vector enters the additive score's key term (U h_i + w_c c_i); "
+              f"score={cfg.score!r} has none: use score='additive'")
+    return None
+
   def __init__(self, cfg, *, rngs, compute_dtype="float32"):
     De = cfg.enc_out_dim
     super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs,
@@ -233,9 +276,14 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     self.d_keys = De
     self.init_attention(cfg.dec_hidden, rngs)
     self.readout = self.linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs)
+    # w_c starts at zero: switched on when resuming a run trained without coverage, the model
+    # computes what it computed before, and learns to use the coverage from there.
+    self.w_cov = nnx.Param(jnp.zeros((cfg.d_attn,), jnp.float32)) if cfg.coverage else None
 
   def memory(self, enc):
     init = self.initial_state(enc)
+    if self.w_cov is not None:
+      init["coverage"] = jnp.zeros(enc.mask.shape, jnp.float32)  # c^0 = 0: [B, Ts]
     keys = attn.prepare_keys(self.cfg.score, values(self.score_params), enc.outputs)  # U h_j once
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
@@ -245,10 +293,17 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     emb = self.embed_prev(y_prev, k1)
     s_prev = self.cell.h_of(state["carries"][-1])  # s_{t-1}: [B, D]
     positions = _step_positions(t, y_prev.shape[0])
-    c, att = self.attend(memory, s_prev[:, None, :], positions, t, intervene)  # c: [B, 1, He]
+    keys = None
+    if self.w_cov is not None:  # e_ti = v^T tanh(W s + U h_i + w_c c^t_i + b), See et al. eq. 11
+      keys = memory["keys"] + state["coverage"][..., None] * self.w_cov[...].astype(
+          memory["keys"].dtype)
+    c, att = self.attend(memory, s_prev[:, None, :], positions, t, intervene, keys)  # [B, 1, He]
     c, att = c[:, 0], _first_query(att)
     carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
-    return {"carries": carries}, jnp.concatenate([s, c, emb], -1), att
+    new_state = {"carries": carries}
+    if self.w_cov is not None:
+      new_state["coverage"] = state["coverage"] + att.weights.astype(jnp.float32)
+    return new_state, jnp.concatenate([s, c, emb], -1), att
 
 
 @registry.register("decoder", "luong")
@@ -270,6 +325,10 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
   @classmethod
   def readout_flops(cls, cfg) -> int:
     return 2 * (cfg.enc_out_dim + cfg.dec_hidden) * cfg.dec_hidden  # W_c
+
+  @classmethod
+  def feature_dim(cls, cfg) -> int:
+    return cfg.dec_hidden  # h~_t = tanh(W_c [c_t; h_t])
 
   @staticmethod
   def _projects_keys(cfg) -> bool:
@@ -341,4 +400,5 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
       att = None
     else:
       C, att = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))
-    return self.project(self.attentional_state(C, H), k3), att
+    feats = self.attentional_state(C, H)
+    return self.project(feats, k3), self.with_gate(att, feats)

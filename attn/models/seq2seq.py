@@ -12,15 +12,35 @@ import numpy as np
 from flax import nnx
 
 from attn import registry
+from attn.models import copying
 from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
 from attn.models.config import ModelConfig
 from attn.models.encoder import Encoder
 from attn.tokens import BOS
 
 
+@registry.register("arch", "rnn")
 class Seq2Seq(nnx.Module):
   """compute_dtype: "float32" | "bfloat16", the operand dtype of the encoder's and decoder's
-  matmuls (attn.models.layers: float32 accumulation, float32 parameters, activations, logits)."""
+  matmuls (attn.models.layers: float32 accumulation, float32 parameters, activations, logits).
+
+  Class-level facts of an architecture (registry kind "arch", read without building a model):
+  `check_config(cfg)` raises ConfigError for settings it cannot run; `attends(cfg)` says whether
+  it forms attention weights over the source."""
+
+  @staticmethod
+  def check_config(cfg: ModelConfig) -> None:
+    cfg.check_recurrent()
+
+  @staticmethod
+  def attends(cfg: ModelConfig) -> bool:
+    return registry.get(cfg.decoder, "decoder").fn.has_attention
+
+  @staticmethod
+  def describe(cfg: ModelConfig) -> dict:
+    """The attention variant a run reports (results, logs, attention.npz)."""
+    return {"decoder": cfg.decoder, "score": cfg.score, "normalizer": cfg.normalizer,
+            "scope": cfg.scope, "temperature": cfg.temperature}
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
@@ -56,20 +76,37 @@ class Seq2Seq(nnx.Module):
 
   def step_fn(self):
     """`step(state, y_prev) -> (state, log_probs [B, V], weights [B, Ts])` for attn.decode; the
-    state carries the memory, so beam search tiles the source with the hypotheses."""
+    state carries the memory, so beam search tiles the source with the hypotheses.
+
+    A pointer-generator's log_probs cover the source-extended vocabulary [B, V + Ts] (the state
+    carries `src_ext`), and the step also returns extras {"p_gen": [B]}."""
     decoder = self.decoder
+    pointer = self.cfg.pointer
 
     def step(state, y_prev):
-      dec_state, logits, w = decoder.step(state["memory"], state["dec"], y_prev, state["t"])
-      return ({"memory": state["memory"], "dec": dec_state, "t": state["t"] + 1},
-              jax.nn.log_softmax(logits.astype(jnp.float32)), w)
+      dec_state, logits, att = decoder.step(state["memory"], state["dec"], y_prev, state["t"])
+      new = {**state, "dec": dec_state, "t": state["t"] + 1}
+      if not pointer:
+        return new, jax.nn.log_softmax(logits.astype(jnp.float32)), att.weights
+      logp = copying.extended_log_probs(logits, att.p_gen_logit, att.weights, state["src_ext"])
+      return new, logp, att.weights, {"p_gen": jax.nn.sigmoid(att.p_gen_logit)}
 
     return step
 
-  def initial_decode_state(self, src, src_lengths):
+  def initial_decode_state(self, src, src_lengths, src_ext=None, *, max_len=None):
+    """src_ext: [B, Ts] source ids on the extended vocabulary (pointer-generator only).
+    max_len: the most steps the search will take; unused (a recurrent state has no length),
+    taken so that callers can pass it to any architecture."""
+    del max_len
     memory = self.memory(src, src_lengths)
-    return {"memory": memory, "dec": self.decoder.initial_state_from_memory(memory),
-            "t": jnp.zeros((src.shape[0],), jnp.int32)}
+    state = {"memory": memory, "dec": self.decoder.initial_state_from_memory(memory),
+             "t": jnp.zeros((src.shape[0],), jnp.int32)}
+    if self.cfg.pointer:
+      if src_ext is None:
+        raise ValueError("a pointer-generator decodes on the extended vocabulary: pass src_ext "
+                         "(data.extended_vocab=True batches carry it)")
+      state["src_ext"] = src_ext
+    return state
 
 
 def shift_right(tgt):
@@ -77,9 +114,11 @@ def shift_right(tgt):
   return jnp.concatenate([jnp.full_like(tgt[:, :1], BOS), tgt[:, :-1]], axis=1)
 
 
-def build_model(cfg: ModelConfig, seed: int = 0, compute_dtype: str = "float32") -> Seq2Seq:
-  """A freshly initialized model: float32 parameters, the same for every compute dtype."""
-  return Seq2Seq(cfg, rngs=nnx.Rngs(params=seed), compute_dtype=compute_dtype)
+def build_model(cfg: ModelConfig, seed: int = 0, compute_dtype: str = "float32") -> nnx.Module:
+  """A freshly initialized model of architecture `cfg.arch` (Seq2Seq, Transformer): float32
+  parameters, the same for every compute dtype."""
+  return registry.get(cfg.arch, "arch").fn(cfg, rngs=nnx.Rngs(params=seed),
+                                           compute_dtype=compute_dtype)
 
 
 def count_params(model_or_cfg) -> int:

@@ -6,6 +6,7 @@
 - `metrics_log`: metrics.jsonl and TensorBoard;
 - `results`: atomic JSON and the one results table;
 - `task`: the task interface (what to build, score and decode) and the translation task;
+- `summarization`: the summarization task (ROUGE, pointer-generator loss, copy figures);
 - `config`: `TrainConfig` and the optimizer;
 - `distributed`: the device mesh, shardings, jax.distributed and what only process 0 writes.
 """
@@ -17,8 +18,10 @@ from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate,
                                 validate_config)
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table, write_json
-from attn.training.task import Task, TranslationTask, get_task
+from attn.training.summarization import SummarizationTask
+from attn.training.task import Search, Task, TranslationTask, get_task
 
-__all__ = ["Checkpoints", "MetricsWriter", "Run", "Task", "TrainConfig", "TranslationTask",
+__all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
+           "TrainConfig", "TranslationTask",
            "distributed", "get_task", "load_run", "make_optimizer", "results_table", "setup",
            "train", "train_and_evaluate", "train_step", "validate_config", "write_json"]

@@ -79,10 +79,26 @@ class Checkpoints:
     # devices, 2 hosts) restores onto this one: orbax stores arrays, not a device layout.
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), run.state)
-    out = manager.restore(step, args=self.ocp.args.Composite(
-        state=self.ocp.args.StandardRestore(abstract), meta=self.ocp.args.JsonRestore()))
+    restore = lambda target: manager.restore(step, args=self.ocp.args.Composite(
+        state=self.ocp.args.StandardRestore(target), meta=self.ocp.args.JsonRestore()))
+    earlier = getattr(run, "earlier_state", None)
+    run.restored_earlier = False
+    if earlier is None:
+      out = restore(abstract)
+      state = out["state"]
+    else:
+      # A run that switched a model feature on (ModelConfig.SWITCH_ON_WHEN_RESUMING) may hold
+      # checkpoints written before the switch, without the new parameters: restore those into
+      # the earlier model's state and keep the new parameters' (zero) initial values.
+      try:
+        out = restore(abstract)
+        state = out["state"]
+      except Exception:  # pylint: disable=broad-except  (orbax: the trees differ)
+        out = restore(_with_shardings(earlier, run.state))
+        state = graft(run.state, out["state"])
+        run.restored_earlier = True
     meta = out["meta"]
-    run.state = out["state"]
+    run.state = state
     run.step = int(meta["step"])
     best = meta["best_score"]
     run.best_score = tuple(best) if isinstance(best, list) else (float(best),)
@@ -97,3 +113,23 @@ class Checkpoints:
     for manager in (self.latest, self.best):
       with contextlib.suppress(Exception):
         manager.close()
+
+
+def _by_path(tree) -> dict:
+  return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _with_shardings(earlier, current):
+  """The abstract `earlier` state with the sharding of the same leaf in `current`."""
+  placed = _by_path(current)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                        sharding=placed[jax.tree_util.keystr(p)].sharding),
+      earlier)
+
+
+def graft(current, restored):
+  """`current` with every leaf that `restored` also holds (same path) taken from `restored`."""
+  old = _by_path(restored)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: old.get(jax.tree_util.keystr(p), x), current)

@@ -46,6 +46,14 @@ class TrainConfig:
   beam_size: int = option(1, "test decoding beam; 1 = greedy")
   length_penalty: float = option(0.6, "beam search length penalty alpha (GNMT)")
   max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
+  max_decode_len: int = option(0, "and at most this many tokens (0 = no further cap)")
+  min_decode_len: int = option(0, "no EOS before this many output tokens, EOS counted")
+  block_repeat_ngram: int = option(
+      0, "decoding never repeats an n-gram of this size within an output (3 = trigram "
+      "blocking); 0 = off")
+  coverage_penalty: float = option(
+      0.0, "beam search coverage penalty beta (GNMT): beta * sum_i log min(attention on source "
+      "token i, 1) is added to each hypothesis' score; 0 = off")
   attention_samples: int = option(64, "examples whose attention (weights and raw scores) goes "
                                   "to attention.npz, for the run viewer and the diagnosis")
   divergence_factor: float = option(
@@ -85,6 +93,11 @@ class TrainConfig:
           f"divergence_factor={self.divergence_factor} must be >= 0")
     check(self.max_wall_s >= 0, f"max_wall_s={self.max_wall_s} must be >= 0")
     check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
+    for name in ("max_decode_len", "min_decode_len", "block_repeat_ngram"):
+      check(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
+    check(self.coverage_penalty >= 0, f"coverage_penalty={self.coverage_penalty} must be >= 0")
+    check(not self.max_decode_len or self.min_decode_len <= self.max_decode_len,
+          f"min_decode_len={self.min_decode_len} is over max_decode_len={self.max_decode_len}")
     check(self.compute_dtype in COMPUTE_DTYPES,
           f"compute_dtype={self.compute_dtype!r} unknown; known: {', '.join(COMPUTE_DTYPES)}")
     check(self.eval_decode_sentences >= 0 and self.attention_samples >= 0,
@@ -93,6 +106,18 @@ class TrainConfig:
 
   def replace(self, **kw) -> "TrainConfig":
     return dataclasses.replace(self, **kw)
+
+  def search(self):
+    """The test decoding's search settings (attn.training.task.Search)."""
+    from attn.training.task import Search  # pylint: disable=import-outside-toplevel
+    return Search(beam_size=self.beam_size, length_penalty=self.length_penalty,
+                  min_len=self.min_decode_len, block_repeat_ngram=self.block_repeat_ngram,
+                  coverage_penalty=self.coverage_penalty)
+
+  def max_output_len(self, src_width: int) -> int:
+    """The most tokens decoded for sources of width `src_width`."""
+    n = int(self.max_decode_ratio * src_width) + 10
+    return min(n, self.max_decode_len) if self.max_decode_len else n
 
   @classmethod
   def from_config(cls, cfg) -> "TrainConfig":

@@ -22,7 +22,8 @@ from attn.training import results as results_lib
 
 log = logging.getLogger(__name__)
 
-BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths")  # what the model reads from a batch
+# What the model reads from a batch (src_ext / tgt_ext: with data.extended_vocab only).
+BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths", "src_ext", "tgt_ext")
 
 
 def device_batch(batch):
@@ -43,11 +44,15 @@ def eval_step(task, graphdef, params, batch):
   return nll, ntok
 
 
-def decode_batch(task, graphdef, params, src, src_lengths, *, max_len, beam_size, length_penalty):
-  """The task's decoding of one batch: DecodeOutput with tokens [B, max_len] and attention
-  weights [B, max_len, Ts]."""
-  return task.decode(nnx.merge(graphdef, params), src, src_lengths, max_len=max_len,
-                     beam_size=beam_size, length_penalty=length_penalty)
+def decode_batch(task, graphdef, params, batch, *, max_len, search):
+  """The task's decoding of one batch (`decode_inputs`): DecodeOutput with tokens
+  [B, max_len] and attention weights [B, max_len, Ts]."""
+  return task.decode(nnx.merge(graphdef, params), batch, max_len=max_len, search=search)
+
+
+def decode_inputs(batch) -> dict:
+  """The arrays of a data batch that decoding reads."""
+  return {k: jnp.asarray(batch[k]) for k in ("src", "src_lengths", "src_ext") if k in batch}
 
 
 def teacher_forced_attention(task, graphdef, params, batch):
@@ -66,16 +71,19 @@ def params_view(run):
 @dataclasses.dataclass
 class Outputs:
   """Decoded outputs of a split, by example_id: text, lengths and attention [Tt, Ts] per example
-  (`scores`: the raw attention scores behind the weights, when asked for and formed)."""
+  (`scores`: the raw attention scores behind the weights, when asked for and formed; `tokens`:
+  the output ids [Tt], EOS included; `extras`: per-step values the model reports, e.g. p_gen)."""
   text: dict
   weights: dict
   src_lengths: dict
   src_labels: dict
   tgt_labels: dict
   scores: dict = dataclasses.field(default_factory=dict)
+  tokens: dict = dataclasses.field(default_factory=dict)
+  extras: dict = dataclasses.field(default_factory=dict)
 
 
-def decode_split(run, role, *, beam_size, max_sentences=None, with_scores=False) -> Outputs:
+def decode_split(run, role, *, search, max_sentences=None, with_scores=False) -> Outputs:
   """Decodes `role` (or its first `max_sentences` examples, in batch order).
 
   with_scores: also the raw attention scores of each output step, from teacher forcing the
@@ -83,31 +91,36 @@ def decode_split(run, role, *, beam_size, max_sentences=None, with_scores=False)
   the steps the search took: the same queries, hence the same scores).
   """
   graphdef, params = params_view(run)
-  src_vocab, vocab = run.bundle.src_vocab, run.bundle.tgt_vocab
+  src_vocab, task, bundle = run.bundle.src_vocab, run.task, run.bundle
   out = Outputs({}, {}, {}, {}, {})
-  replay = jitted(teacher_forced_attention, run.task, graphdef)
-  for batch in run.bundle.batches(role):
-    Ts = batch["src"].shape[1]
-    max_len = int(run.tc.max_decode_ratio * Ts) + 10
-    fn = jitted(decode_batch, run.task, graphdef, max_len=max_len,
-                beam_size=beam_size, length_penalty=run.tc.length_penalty)
-    res = fn(params, jnp.asarray(batch["src"]), jnp.asarray(batch["src_lengths"]))
+  replay = jitted(teacher_forced_attention, task, graphdef)
+  for batch in bundle.batches(role):
+    fn = jitted(decode_batch, task, graphdef, max_len=run.tc.max_output_len(batch["src"].shape[1]),
+                search=search)
+    res = fn(params, decode_inputs(batch))
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
+    extras = {k: np.asarray(v) for k, v in (getattr(res, "extras", None) or {}).items()}
     scores = None
     if with_scores and run.mc.has_attention:
-      att = replay(params, {"src": batch["src"], "src_lengths": batch["src_lengths"],
-                            "tgt": res.tokens, "tgt_lengths": res.lengths})
+      forced = {"src": batch["src"], "src_lengths": batch["src_lengths"], "tgt": res.tokens,
+                "tgt_lengths": res.lengths}
+      if "src_ext" in batch:
+        forced.update(src_ext=batch["src_ext"], tgt_ext=res.tokens)
+      att = replay(params, forced)
       scores = None if att is None or att.scores is None else np.asarray(att.scores)
     for i, ex in enumerate(batch["example_id"]):
       ex = int(ex)
       if ex < 0:
         continue  # padding rows of a partial batch
-      out.text[ex] = vocab.decode(tokens[i].tolist())
+      ids = tokens[i][:lengths[i]]
+      out.text[ex] = task.output_text(bundle, role, ex, tokens[i])
+      out.tokens[ex] = ids
+      out.extras[ex] = {k: v[i, :lengths[i]] for k, v in extras.items()}
       out.weights[ex] = weights[i, :lengths[i], :batch["src_lengths"][i]]
       out.src_lengths[ex] = int(batch["src_lengths"][i])
       # One label per attention column / row (EOS included; an output cut at max_len has none).
       out.src_labels[ex] = src_vocab.labels(batch["src"][i][:batch["src_lengths"][i]])
-      out.tgt_labels[ex] = vocab.labels(tokens[i][:lengths[i]])
+      out.tgt_labels[ex] = task.output_labels(bundle, role, ex, ids)
       if scores is not None:
         out.scores[ex] = scores[i, :lengths[i], :batch["src_lengths"][i]]
     if max_sentences and len(out.text) >= max_sentences:
@@ -128,7 +141,7 @@ def evaluate(run, role="eval", max_sentences=None) -> dict:
     a, b = step(params, device_batch(batch))
     nll, ntok = nll + float(a), ntok + float(b)
   out = {"perplexity": float(np.exp(nll / max(ntok, 1.0))), "nll": nll / max(ntok, 1.0)}
-  hyps = decode_split(run, role, beam_size=1, max_sentences=max_sentences)
+  hyps = decode_split(run, role, search=run.tc.search().greedy(), max_sentences=max_sentences)
   out.update(score_outputs(run, role, hyps))
   return out
 
@@ -176,12 +189,12 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
   `src_tokens_{id}` [Ts] and `tgt_tokens_{id}` [Tt]; per sample `example_ids`, `sources`,
   `predictions`, `references`; and the run's `decoder`, `score`, `normalizer`, `scope` and
   `temperature`. Rows are output tokens (EOS included), columns source tokens (EOS included)."""
-  mc = run.mc
+  v = run.mc.variant
   with_scores = all(i in hyps.scores and renormalizes(
-      hyps.weights[i], hyps.scores[i], mc.normalizer, mc.temperature) for i in sample)
+      hyps.weights[i], hyps.scores[i], v["normalizer"], v["temperature"]) for i in sample)
   if run.mc.has_attention and hyps.scores and not with_scores:
     log.warning("attention.npz: the weights are not normalizer(scores / temperature) for this "
-                f"variant (scope {mc.scope!r}), so no raw scores are stored")
+                f"variant (scope {v['scope']!r}), so no raw scores are stored")
   sources, refs = run.bundle.sources(role), run.bundle.references(role)
   arrays = {}
   for i in sample:
@@ -195,30 +208,34 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
       example_ids=np.array(sample, dtype=np.int64), sources=np.array([sources[i] for i in sample]),
       predictions=np.array([hyps.text[i] for i in sample]),
       references=np.array([refs[i] for i in sample]),
-      decoder=mc.decoder, score=mc.score, normalizer=mc.normalizer, scope=mc.scope,
-      temperature=np.float32(mc.temperature))
+      decoder=v["decoder"], score=v["score"], normalizer=v["normalizer"], scope=v["scope"],
+      temperature=np.float32(v["temperature"]))
 
 
 def write_results(run, ckpt, role="test") -> dict:
   """Decodes `role` with the best checkpoint (else the last) and writes the result files;
   results.json comes last, so its presence means every other file is complete. Every process
   decodes (the same outputs); process 0 alone writes, and every process returns the results."""
-  last_step = run.step
+  # The counters of the whole run, not those stored with the best checkpoint: results report
+  # how long the run trained, whichever step decodes.
+  last_step, wall_s, train_tokens = run.step, run.wall_s, run.train_tokens
   if "eval" in run.bundle.splits and ckpt.best.latest_step() is not None:
     ckpt.restore(ckpt.best, run)
     log.info(f"restored best checkpoint (step {run.step}, eval "
              + ", ".join(f"{v:.3f}" for v in run.best_score) + ")")
   best_step, run.step = run.step, last_step
+  run.wall_s, run.train_tokens = wall_s, train_tokens
   if role not in run.bundle.splits:
     role = "eval"
   t0 = time.time()
-  hyps = decode_split(run, role, beam_size=run.tc.beam_size, with_scores=True)
+  hyps = decode_split(run, role, search=run.tc.search(), with_scores=True)
   decode_s = time.time() - t0
   scores = score_outputs(run, role, hyps)
+  scores.update(run.task.analysis(run.bundle, role, hyps))
   if run.bundle.has_alignments and run.mc.has_attention:
     scores.update(alignment_scores(run, role))
   if run.tc.beam_size > 1:  # the greedy figure too, for comparison with beam search
-    greedy = score_outputs(run, role, decode_split(run, role, beam_size=1))
+    greedy = score_outputs(run, role, decode_split(run, role, search=run.tc.search().greedy()))
     scores.update({f"{k}_greedy": v for k, v in greedy.items() if isinstance(v, float)})
   ids = sorted(hyps.text)
   sample = ids[:run.tc.attention_samples]
@@ -232,16 +249,17 @@ def write_results(run, ckpt, role="test") -> dict:
     i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
     viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
                 os.path.join(run.workdir, "attention.png"),
-                title=f"{run.mc.decoder}/{run.mc.score}: example {i}")
+                title=f"{run.mc.variant['decoder']}/{run.mc.variant['score']}: example {i}")
   results = {
       "split": role, **scores, "params": count_params(run.model), "step": run.step,
       "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
-      # steady state: median over logging windows, the first (compilation) left out
-      "tokens_per_sec_steady": float(np.median(run.window_rates[1:] or run.window_rates or [0.0])),
       "wall_s": run.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
-      "decoder": run.mc.decoder, "score": run.mc.score, "normalizer": run.mc.normalizer,
+      **{k: run.mc.variant[k] for k in ("decoder", "score", "normalizer")},
       "model_config": dataclasses.asdict(run.mc),
   }
+  if run.window_rates:  # (none when this process only decoded a run that had finished training)
+    # steady state: median over logging windows, the first (compilation) left out
+    results["tokens_per_sec_steady"] = float(np.median(run.window_rates[1:] or run.window_rates))
   if run.best_eval:
     results["best_eval"] = run.best_eval  # the eval that chose the decoded checkpoint
   if primary:

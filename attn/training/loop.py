@@ -87,6 +87,9 @@ class Run:
   wall_s: float = 0.0  # training wall time accumulated across restarts
   train_tokens: float = 0.0
   window_rates: list = dataclasses.field(default_factory=list)  # tok/s of each logging window
+  # The abstract state of the model before a feature was switched on (checkpoints.restore)
+  earlier_state: object = None
+  restored_earlier: bool = False  # the last restore read a checkpoint from before the switch
 
   def step_fn(self):
     """The jitted train step of this run (label smoothing bound): the state keeps its shardings
@@ -175,7 +178,7 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
   with distributed.primary_first("preparing the data"):
     bundle = data.load(config.data, workdir)
   mc = task.model_config(config.model, bundle)
-  workdir_lib.check_model(workdir, mc)
+  switched = workdir_lib.check_model(workdir, mc)
   if record and distributed.is_primary():
     results_lib.write_text(os.path.join(workdir, "config.json"),
                            config.to_json_best_effort(indent=1))
@@ -188,7 +191,19 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
     run.mesh, run.rows = mesh, distributed.row_shard(mesh)
     run.shardings = distributed.state_shardings(state, mesh)
     run.state = distributed.place(state, run.shardings)
+  if switched:
+    log.info("model: " + ", ".join(f"{k} switched on" for k in switched) + " since the last "
+             "checkpoint; its new parameters start from their initial values")
+    run.earlier_state = _abstract_state(task, mc.replace(**switched), tc)
   return run
+
+
+def _abstract_state(task: Task, mc, tc: TrainConfig):
+  """nnx.state((model, optimizer)) of model config `mc` as shapes only (nothing allocated)."""
+  def build():
+    model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
+    return model, nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
+  return nnx.split(nnx.eval_shape(build))[1]
 
 
 def load_run(workdir, task: Task | str = "translate") -> Run:
@@ -360,7 +375,8 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   with workdir_lib.lock(workdir):
     run = _build_run(config, workdir, task, tc, mesh=mesh)
     run.donate = True  # nothing else holds the state between steps
-    log.info(f"model {run.mc.decoder}/{run.mc.score}/{run.mc.normalizer}: "
+    v = run.mc.variant
+    log.info(f"model {v['decoder']}/{v['score']}/{v['normalizer']}: "
              f"{count_params(run.model):,} parameters")
     log.info(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es); "
              f"this one reads blocks {run.rows.mine} of each batch")
@@ -369,6 +385,11 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
       resumed = ckpt.restore(ckpt.latest, run)
       if resumed:
         log.info(f"resumed from step {run.step}")
+      if run.restored_earlier:
+        # The best checkpoint so far is of the model before the switch: the test split is to be
+        # decoded with the model as it is now, so best/ is chosen again among later evaluations.
+        run.best_score, run.best_step, run.best_eval = (), run.step, {}
+        log.info("best/ now tracks only evaluations after the switch")
       writer = MetricsWriter(workdir, resumed_step=run.step if resumed else 0)
       train(run, ckpt, writer)
       results = evaluation.write_results(run, ckpt)

@@ -9,6 +9,9 @@ import tempfile
 
 COLUMNS = ("decoder", "score", "normalizer", "params", "bleu", "chrf", "exact_match",
            "tokens_per_sec", "wall_s")
+# The summarization task's scores replace the translation ones (results_table picks by content).
+SUMMARY_COLUMNS = ("decoder", "score", "normalizer", "params", "rouge1", "rouge2", "rougeL",
+                   "tokens_per_sec", "wall_s")
 
 
 def write_json(path, obj, **dump_kw):
@@ -43,7 +46,7 @@ def _fmt(v) -> str:
   return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def results_table(rows, columns=COLUMNS) -> str:
+def results_table(rows, columns=None) -> str:
   """A markdown table, one row per run.
 
   rows: results dicts, or (name, results dict or None) pairs; a named table gets a `run` column,
@@ -51,6 +54,9 @@ def results_table(rows, columns=COLUMNS) -> str:
   source length (built-in tasks) get one line each under the table.
   """
   named = [r if isinstance(r, tuple) else (None, r) for r in rows]
+  if columns is None:
+    summaries = any(res is not None and "rouge1" in res for _, res in named)
+    columns = SUMMARY_COLUMNS if summaries else COLUMNS
   with_names = any(name is not None for name, _ in named)
   head = (["run"] if with_names else []) + list(columns)
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -9,11 +9,27 @@ subclassing `Task` rather than copying the loop.
 from __future__ import annotations
 
 import abc
+import dataclasses
 
 from attn import decode as decode_lib
 from attn import metrics as metrics_lib
 from attn import registry
 from attn.models import ModelConfig, build_model, match_param_count, sequence_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """How outputs are searched for (attn.decode): beam_size 1 is greedy. length_penalty: GNMT
+  alpha; min_len: no EOS before this many tokens (EOS counted); block_repeat_ngram: n-gram
+  blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only)."""
+  beam_size: int = 1
+  length_penalty: float = 0.6
+  min_len: int = 0
+  block_repeat_ngram: int = 0
+  coverage_penalty: float = 0.0
+
+  def greedy(self) -> "Search":
+    return dataclasses.replace(self, beam_size=1)
 
 
 class Task(abc.ABC):
@@ -38,8 +54,8 @@ class Task(abc.ABC):
     """(sum of token losses, number of tokens, sum of unsmoothed NLL), float32 scalars."""
 
   @abc.abstractmethod
-  def decode(self, model, src, src_lengths, *, max_len, beam_size, length_penalty):
-    """A `decode.DecodeOutput` for one batch (greedy when beam_size == 1)."""
+  def decode(self, model, batch, *, max_len: int, search: Search):
+    """A `decode.DecodeOutput` for one batch (the device arrays: src, src_lengths[, src_ext])."""
 
   @abc.abstractmethod
   def attention(self, model, batch):
@@ -54,6 +70,22 @@ class Task(abc.ABC):
   def selection_metrics(self, bundle) -> tuple[str, ...]:
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
     later ones break ties of the earlier (exact match stays 0 for a while on built-in tasks)."""
+
+  def output_text(self, bundle, role, example_id: int, ids) -> str:
+    """The text of decoded `ids` (up to EOS) for example `example_id` of the split."""
+    del role, example_id
+    return bundle.tgt_vocab.decode(ids)
+
+  def output_labels(self, bundle, role, example_id: int, ids) -> list[str]:
+    """One label per decoded id (heatmap rows)."""
+    del role, example_id
+    return bundle.tgt_vocab.labels(ids)
+
+  def analysis(self, bundle, role, outputs) -> dict:
+    """Task-specific figures of the decoded test outputs (`evaluation.Outputs`) for
+    results.json; none by default."""
+    del bundle, role, outputs
+    return {}
 
 
 @registry.register("task", "translate")
@@ -79,12 +111,17 @@ class TranslationTask(Task):
     logits, _ = model(batch, dropout_key=dropout_key)
     return sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], label_smoothing)
 
-  def decode(self, model, src, src_lengths, *, max_len, beam_size, length_penalty):
-    init = model.initial_decode_state(src, src_lengths)
-    if beam_size == 1:
-      return decode_lib.greedy_decode(model.step_fn(), init, src.shape[0], max_len)
-    return decode_lib.beam_search(model.step_fn(), init, src.shape[0], max_len,
-                                  beam_size=beam_size, length_penalty=length_penalty)
+  def decode(self, model, batch, *, max_len, search):
+    src = batch["src"]
+    init = model.initial_decode_state(src, batch["src_lengths"], batch.get("src_ext"),
+                                      max_len=max_len)
+    common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram)
+    if search.beam_size == 1:
+      return decode_lib.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
+    return decode_lib.beam_search(
+        model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
+        length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
+        source_lengths=batch["src_lengths"], **common)
 
   def attention(self, model, batch):
     return model.attention(batch)[1]

@@ -120,19 +120,28 @@ def _recorded_model(workdir):
   return None
 
 
-def check_model(workdir: str, model_config) -> None:
-  """Refuses a workdir whose checkpoints were written for another model (see the module doc)."""
+def check_model(workdir: str, model_config) -> dict:
+  """Refuses a workdir whose checkpoints were written for another model (see the module doc).
+
+  A field the model config lists in `SWITCH_ON_WHEN_RESUMING` (e.g. coverage, trained on for a
+  last phase) may go from False to True: returns those fields' recorded values ({} if none
+  switched), for restoring checkpoints written before the switch."""
   if not has_checkpoints(workdir):
-    return
+    return {}
   recorded = _recorded_model(workdir)
   if recorded is None:
-    return
+    return {}
   current = dataclasses.asdict(model_config)
-  differ = sorted(k for k in set(recorded) & set(current) if recorded[k] != current[k])
+  allowed = getattr(model_config, "SWITCH_ON_WHEN_RESUMING", ())
+  switched = {k: recorded[k] for k in allowed
+              if k in recorded and recorded[k] is False and current.get(k) is True}
+  differ = sorted(k for k in set(recorded) & set(current)
+                  if recorded[k] != current[k] and k not in switched)
   if differ:
     shown = ", ".join(f"model.{k}={recorded[k]!r} there, {current[k]!r} here" for k in differ)
     raise WorkdirError(f"workdir {workdir} holds checkpoints of another model ({shown}); resume "
                        f"with its settings or use another --workdir")
+  return switched
 
 
 def record_model(workdir: str, model_config) -> None:

@@ -1,0 +1,152 @@
+"""experiments/summarize.py end to end: a pointer-generator copies source words it has never seen
+(which the plain attention model cannot produce), coverage switched on in a resumed run, result
+files, bad input, and a TFDS summarization dataset through the same pipeline (mock data)."""
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attn import training
+from experiments.configs import summarize as summarize_configs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILLERS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def _write_jsonl(path, records):
+  with gzip.open(path, "wt") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+
+
+def _code_task(directory, n_train=600, n_dev=40, seed=0):
+  """email: filler words with "code <word>" somewhere; subject: "ref <word>". Every code word is
+  made up for its example, so none reaches the vocabulary (min_freq=2): only copying gets it."""
+  rng = random.Random(seed)
+  letters = "bcdfghjklmnpqrstvwxz"
+
+  def example():
+    code = "".join(rng.choice(letters) for _ in range(7))
+    words = rng.sample(FILLERS, rng.randint(3, 6))
+    words.insert(rng.randint(0, len(words)), f"code {code}")
+    return {"email": " ".join(words), "subject": f"ref {code}"}
+
+  os.makedirs(directory, exist_ok=True)
+  _write_jsonl(os.path.join(directory, "train.jsonl.gz"), [example() for _ in range(n_train)])
+  dev = [example() for _ in range(n_dev)]
+  _write_jsonl(os.path.join(directory, "dev.jsonl.gz"), dev)
+  return [d["subject"] for d in dev]
+
+
+def _config(data_dir, pointer, **train):
+  c = summarize_configs.get_config("smoke")
+  c.data.update(dict(task="jsonl", dir=str(data_dir), eval_split="dev", test_split="dev",
+                     max_src_len=12, max_tgt_len=4, vocab_size=0, min_freq=2, batch_size=32,
+                     num_buckets=1, num_threads=0))
+  c.model.update(dict(emb_dim=32, enc_hidden=32, dec_hidden=32, d_attn=32, pointer=pointer))
+  c.train.update(dict(dict(steps=250, learning_rate=1e-2, warmup_steps=20, eval_every=250,
+                           checkpoint_every=250, log_every=250, beam_size=2,
+                           eval_decode_sentences=40, block_repeat_ngram=0), **train))
+  return c
+
+
+@pytest.fixture(scope="module")
+def code_runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("summarize")
+  refs = _code_task(root / "data")
+  runs = {}
+  for pointer in (False, True):
+    wd = str(root / f"pointer_{pointer}")
+    runs[pointer] = (wd, training.train_and_evaluate(_config(root / "data", pointer), wd,
+                                                     task="summarize"))
+  return root, refs, runs
+
+
+def test_pointer_generator_copies_words_the_vocabulary_lacks(code_runs):
+  _, refs, runs = code_runs
+  exact = {}
+  for pointer, (wd, res) in runs.items():
+    with open(os.path.join(wd, "predictions.txt")) as f:
+      preds = f.read().splitlines()
+    assert len(preds) == len(refs)
+    exact[pointer] = np.mean([p == r for p, r in zip(preds, refs)])
+    for key in ("rouge1", "rouge2", "rougeL", "rouge1_max", "params", "wall_s",
+                "repeated_trigram_rate", "oov_recovered"):
+      assert key in res, key
+    assert res["oov_in_references"] == len(refs)  # every code word: OOV, and in its source
+  assert exact[False] == 0.0  # the plain model can only write "ref <unk>"
+  assert runs[False][1]["oov_recovered"] == 0.0
+  assert exact[True] >= 0.9, exact
+  assert runs[True][1]["oov_recovered"] >= 0.9
+  assert runs[True][1]["oov_copies"] >= 0.9 * len(refs)
+  assert 0.0 < runs[True][1]["mean_p_gen"] < 1.0
+  assert runs[True][1]["rouge1"] > runs[False][1]["rouge1"]
+
+
+def test_coverage_switched_on_when_resuming(code_runs):
+  """See et al.'s last phase: the finished pointer run continues with coverage on, from its
+  checkpoint (not from scratch), and its checkpoints gain the coverage weights."""
+  root, _, runs = code_runs
+  wd = str(root / "pointer_True")
+  c = _config(root / "data", True, steps=280, eval_every=280, checkpoint_every=280)
+  c.model.coverage = True
+  res = training.train_and_evaluate(c, wd, task="summarize")
+  assert res["step"] == 280 and res["model_config"]["coverage"]
+  assert res["best_step"] == 280  # decoded with the coverage model, not the earlier best
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    train_steps = [r["step"] for r in map(json.loads, f) if r.get("split") == "train"]
+  assert min(s for s in train_steps if s > 250) == 280  # only the 30 new steps were run
+  run = training.load_run(wd, task="summarize")
+  assert run.model.decoder.w_cov is not None
+  with open(os.path.join(wd, "model.json")) as f:
+    assert json.load(f)["coverage"] is True
+  # A model field other than the switchable ones still refuses the workdir.
+  c.model.emb_dim = 16
+  with pytest.raises(training.workdir.WorkdirError, match="model.emb_dim=32 there, 16 here"):
+    training.train_and_evaluate(c, wd, task="summarize")
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"email": "a b c", "subject": ', r"dev.jsonl.gz:2: not a JSON object"),
+    ('{"email": "a b c"}', r"dev.jsonl.gz:2: no field 'subject'"),
+])
+def test_bad_json_line_is_one_error_line(tmp_path, line, message):
+  _code_task(tmp_path, n_train=20, n_dev=3)
+  with gzip.open(tmp_path / "dev.jsonl.gz", "rt") as f:
+    lines = f.read().splitlines()
+  lines[1] = line
+  with gzip.open(tmp_path / "dev.jsonl.gz", "wt") as f:
+    f.write("\n".join(lines) + "\n")
+  p = subprocess.run(
+      [sys.executable, "-m", "experiments.summarize",
+       "--config=experiments/configs/summarize.py:smoke", f"--config.data.dir={tmp_path}",
+       f"--workdir={tmp_path / 'wd'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2, p.stderr[-2000:]
+  errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and __import__("re").search(message, errors[0]), p.stderr[-2000:]
+  assert "Traceback" not in p.stderr
+
+
+def test_cnn_dailymail_through_the_pipeline_with_mock_data(tmp_path):
+  """CNN/DailyMail is not on this machine: its TFDS name, fields and the pointer-generator run
+  end to end on tfds.testing.mock_data."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  c = summarize_configs.get_config("cnn_dailymail")
+  c.data.update(dict(tfds_data_dir=str(tmp_path / "tfds"), max_src_len=24, max_tgt_len=8,
+                     min_freq=1, vocab_size=300, batch_size=4, num_buckets=1, num_threads=0))
+  c.model.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, pointer=True,
+                      coverage=True))
+  c.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1, warmup_steps=1,
+                      eval_decode_sentences=4, beam_size=2, min_decode_len=2, max_decode_len=6,
+                      attention_samples=1))
+  with tfds.testing.mock_data(num_examples=6):
+    res = training.train_and_evaluate(c, str(tmp_path / "wd"), task="summarize")
+  assert res["split"] == "test" and np.isfinite(res["rouge1"])
+  with open(tmp_path / "wd" / "predictions.txt") as f:
+    assert len(f.read().splitlines()) == 6
