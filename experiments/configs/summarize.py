@@ -15,13 +15,7 @@ command line; defaults live in attn.data.DataConfig, attn.models.ModelConfig and
 attn.training.TrainConfig, a preset only overrides them.
 """
 
-import ml_collections
-
-from attn import configurable
-from attn.data import config as data_config
-from attn.errors import ConfigError
-from attn.models.config import ModelConfig
-from attn.training.config import TrainConfig
+from experiments.configs import from_preset
 
 # See et al. (2017)'s sizes (128-dim embeddings, 256-dim LSTMs) scaled to 2 CPU cores: GRUs,
 # sources cut at 200 tokens, a 10k vocabulary (the pointer copies what it lacks).
@@ -65,13 +59,6 @@ def get_config(preset: str = "aeslc"):
   """The summarize config: every field of DataConfig, ModelConfig and TrainConfig at its
   dataclass default (field help: those classes), then the preset's overrides."""
   preset = preset or "aeslc"
-  if preset not in _PRESETS:
-    raise ConfigError(f"unknown summarize preset {preset!r}; known: {', '.join(sorted(_PRESETS))}")
-  p = _PRESETS[preset]
-  c = ml_collections.ConfigDict()
-  c.data = data_config.get_config(p["data"])
-  c.data.update(p.get("data_overrides", {}))
-  c.model = configurable.config_dict(ModelConfig, **p["model"])
-  c.train = configurable.config_dict(TrainConfig, **p["train"])
+  c = from_preset(_PRESETS, preset, "summarize")
   c.data.extended_vocab = c.model.get_ref("pointer")
   return c

@@ -10,13 +10,7 @@ suggestion. Defaults live in the dataclasses (attn.data.DataConfig, attn.models.
 attn.training.TrainConfig); a preset only overrides them.
 """
 
-import ml_collections
-
-from attn import configurable
-from attn.data import config as data_config
-from attn.errors import ConfigError
-from attn.models.config import ModelConfig
-from attn.training.config import TrainConfig
+from experiments.configs import from_preset
 
 _PRESETS = {
     # Word level, lowercased (as the reference figures); sized to train in under an hour on 2 cores.
@@ -61,12 +55,5 @@ def get_config(preset: str = "multi30k"):
   """The translate config: every field of DataConfig, ModelConfig and TrainConfig at its
   dataclass default (field help: those classes), then the preset's overrides."""
   preset = preset or "multi30k"
-  if preset not in _PRESETS:
-    raise ConfigError(f"unknown translate preset {preset!r}; known: {', '.join(sorted(_PRESETS))}")
-  p = _PRESETS[preset]
-  c = ml_collections.ConfigDict()
-  c.data = data_config.get_config(p["data"])
-  c.data.update(p.get("data_overrides", {}))
-  c.model = configurable.config_dict(ModelConfig, **p["model"])
-  c.train = configurable.config_dict(TrainConfig, **p["train"])
+  c = from_preset(_PRESETS, preset, "translate")
   return c
