@@ -99,7 +99,7 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
                 search=search)
     res = fn(params, decode_inputs(batch))
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
-    extras = {k: np.asarray(v) for k, v in (getattr(res, "extras", None) or {}).items()}
+    extras = {k: np.asarray(v) for k, v in (res.extras or {}).items()}
     scores = None
     if with_scores and run.mc.has_attention:
       forced = {"src": batch["src"], "src_lengths": batch["src_lengths"], "tgt": res.tokens,
