@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attn
-from attn import core, precision, registry
+from attn import banded, core, precision, registry
 from attn.errors import ConfigError
 from attn.models.config import ModelConfig
 from attn.models.decoders import StepAttention
@@ -97,7 +97,7 @@ def prepare_heads(score, score_params, k):
 
 
 def attend_heads(params, q, kp, v, role, *, key_lengths=None, mask=None, causal=False, bias=None,
-                 positions=None, fused=False):
+                 positions=None, fused=False, same_positions=False):
   """Every head's attention with the role's variant (an `AttentionRole`).
 
   params: attn.init_multihead's parameters (only "score" and "scope" are read here).
@@ -106,13 +106,26 @@ def attend_heads(params, q, kp, v, role, *, key_lengths=None, mask=None, causal=
   causal: query i sees keys j <= i; bias: [B or 1, H, Tq, Tk] added to the scores;
   positions: [B, Tq] the queries' positions (where windows are centred).
   fused: all heads in one kernel call (needs softmax, the global scope, no mask and no bias).
+  same_positions: queries and keys are the same positions 0..T-1 (self-attention in teacher
+  forcing and encoding); a window scope then runs banded, when given no mask and no bias.
   Returns (context [B, H, Tq, dh], weights [B, H, Tq, Tk] float32, or None when never formed:
-  fused, linear attention). A query with no valid key gets zero weights and context.
+  fused, banded window, linear attention). A query with no valid key gets zero weights and context.
   """
   score_params, scope_params = params.get("score"), params.get("scope")
   if fused:
     return core.fused_heads(role.score, score_params, q, kp, v, temperature=role.temperature,
                             causal=causal, key_lengths=key_lengths), None
+  if (role.scope == banded.SCOPE and same_positions and mask is None and bias is None
+      and banded.banded_unsupported(role.score, role.normalizer) is None):
+    # The masked window forms all [T, T] scores to keep 2 * half_width + 1 per query; the band
+    # holds O(T * half_width) per head, the same context. Its weights are never formed: the
+    # self-attention callers discard them (only the cross-attention's are read).
+    one_band = functools.partial(banded.banded_attend, score=role.score,
+                                 normalizer=role.normalizer, temperature=role.temperature,
+                                 half_width=role.half_width, causal=causal,
+                                 key_lengths=key_lengths)
+    return jax.vmap(one_band, in_axes=(_head_axis(score_params), -3, -3, -3),
+                    out_axes=-3)(score_params, q, kp, v), None
 
   def one_head(sp, cp, q, k, v, b):
     return core.attend(sp, q, k, v, score=role.score, normalizer=role.normalizer, mask=mask,
@@ -151,6 +164,7 @@ class Attention(nnx.Module):
     self.role = getattr(cfg, field)
     self.num_heads = cfg.num_heads
     self.causal = spec.causal
+    self.self_attention = spec.self_attention
     self.compute_dtype = compute_dtype
     self.pos = _pos_encoding(cfg) if spec.self_attention else PositionalEncoding
     self.fused = cfg.fused and fused_unsupported(cfg, field) is None
@@ -184,10 +198,13 @@ class Attention(nnx.Module):
     [B, H, Tq, Tk] or None). q_pos [B or 1, Tq], k_pos [B or 1, Tk]: positions (bias, windows)."""
     p = values(self.params)
     bias = self.pos.bias(self.num_heads, q_pos, k_pos)
+    # Self-attention without a mask is encoding or teacher forcing (a decoding step masks its
+    # cache): the keys sit at the queries' positions 0..T-1.
+    same_positions = self.self_attention and mask is None
     ctx, w = attend_heads(p, q, kp, v, self.role, key_lengths=key_lengths, mask=mask,
                           causal=causal, bias=bias,
                           positions=jnp.broadcast_to(q_pos, (q.shape[0], q.shape[-2])),
-                          fused=fused)  # ctx [B, H, Tq, dh]
+                          fused=fused, same_positions=same_positions)  # ctx [B, H, Tq, dh]
     H, dh, d = p["wo"].shape
     ctx = jnp.swapaxes(ctx, -2, -3).reshape(ctx.shape[:-3] + (ctx.shape[-2], H * dh))
     return _dense(ctx, p["wo"].reshape(H * dh, d), self.compute_dtype), w  # [B, Tq, d]
