@@ -152,6 +152,27 @@ def test_analytic_flop_count_matches_the_traced_train_step(decoder):
   assert cost.train_step_flops(cfg, B, Ts, Tt) == pytest.approx(counted, rel=0.02)
 
 
+@pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
+def test_analytic_transformer_flop_count_matches_the_traced_train_step(score):
+  """The Transformer's count (every layer's projections, the scores and weighted sums over the
+  padded grid, feed-forward, output layer) against the traced step's dot_generals."""
+  from attn.models.config import AttentionRole
+  role = AttentionRole(score=score)
+  cfg = _cfg(arch="transformer", d_model=12, num_heads=3, d_ff=20, enc_layers=2, dec_layers=1,
+             enc_self=role, dec_self=role, cross=role)
+  B, Ts, Tt = 4, 9, 7
+  batch = _batch(B, Ts, Tt, src_lengths=[Ts] * B, tgt_lengths=[Tt] * B)
+  step, state = _step(build_model(cfg))
+  counted = cost.jaxpr_flops(step, state, batch, jax.random.PRNGKey(0))
+  if score == "additive":  # its per-pair add and tanh (2 d_attn) are counted, but are no matmul
+    pairs = cfg.enc_layers * Ts * Ts + cfg.dec_layers * (Tt * Tt + Tt * Ts)
+    counted += 3 * B * pairs * cfg.num_heads * 2 * (cfg.d_model // cfg.num_heads)
+  assert cost.train_step_flops(cfg, B, Ts, Tt) == counted
+  with pytest.raises(NotImplementedError, match="enc_self.scope='window'"):
+    cost.train_step_flops(cfg.replace(enc_self=AttentionRole(scope="window", half_width=2)),
+                          B, Ts, Tt)
+
+
 def test_jaxpr_matmuls_multiplies_scan_bodies_and_refuses_while_loops():
   w = jnp.ones((4, 6))
   scanned = lambda x: jax.lax.scan(lambda c, xi: (c + xi @ w, None), jnp.zeros(6), x)[0]

@@ -38,9 +38,15 @@ def test_a_tiny_attention_model_learns_to_copy_exactly(tmp_path):
   assert results["params"] > 0 and results["tokens_per_sec"] > 0 and results["wall_s"] > 0
 
 
-def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_path):
+TINY_TRANSFORMER = dict(arch="transformer", d_model=16, num_heads=2, d_ff=32)
+
+
+@pytest.mark.parametrize("arch", ["rnn", "transformer"])
+def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_path, arch):
   cfg = _tiny_config(steps=8, checkpoint_every=4, eval_every=100, log_every=4)
   cfg.model.dropout = 0.3  # dropout keys must also follow the step, not the process
+  if arch == "transformer":
+    cfg.model.update(TINY_TRANSFORMER)
 
   def run_steps(workdir, stop_after=None, resume=False):
     run = training.setup(cfg, workdir)

@@ -338,6 +338,9 @@ def test_count_params_and_the_rnn_default():
     (dict(enc_self=dict(scope="linear", normalizer="sparsemax")), "model.enc_self"),
     (dict(pointer=True), "model.pointer"),
     (dict(match_params_of="bahdanau"), "match_params_of"),
+    (dict(normalizer="entmax15"), "model.normalizer.*model.cross.normalizer"),
+    (dict(score="dot"), "model.score.*model.enc_self.score"),
+    (dict(decoder="none"), "model.decoder.*its own"),
 ])
 def test_bad_transformer_configs_are_config_errors(kw, match):
   with pytest.raises(ConfigError, match=match):

@@ -18,7 +18,13 @@ from attn.models.config import ModelConfig
 
 
 def forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
-  """Matmul FLOPs of the forward pass on a padded batch [B, Ts] -> [B, Tt]."""
+  """Matmul FLOPs of the forward pass on a padded batch [B, Ts] -> [B, Tt], by the model's
+  architecture (each registered arch names its count as `forward_flops`)."""
+  return registry.get(mc.arch, "arch").fn.forward_flops(mc, B, Ts, Tt)
+
+
+def recurrent_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
+  """The RNN encoder-decoder's forward matmul FLOPs (model.arch=rnn)."""
   gates = registry.get(mc.cell, "cell").fn.gates
   decoder = registry.get(mc.decoder, "decoder").fn
   dirs = 2 if mc.bidirectional else 1
@@ -38,6 +44,38 @@ def forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
     per_tgt += cost.per_query
     per_pair = cost.per_pair + 2 * mc.enc_out_dim  # the score and the weighted sum of values
   return B * Ts * per_src + B * Tt * (per_tgt + Ts * per_pair)
+
+
+def _heads_pair_flops(mc: ModelConfig, field: str, Tq: int, Tk: int) -> tuple[int, int, int]:
+  """One Transformer attention's per-key, per-query and all-pairs FLOPs (every head): the
+  role's score (attn.scores.ScoreCost at head size, d_attn = head size as the model builds it)
+  and the weighted sum of values. Every query-key pair of the padded [Tq, Tk] grid is counted:
+  masks (padding, causality) do not skip work in the dense path."""
+  role = getattr(mc, field)
+  if role.scope != "global":
+    raise NotImplementedError(
+        f"the analytic count covers global attention; model.{field}.scope={role.scope!r} forms "
+        "another set of pairs (count the traced step: jaxpr_flops)")
+  H, dh = mc.num_heads, mc.d_model // mc.num_heads
+  c = registry.get(role.score, "score").cost(dh, dh, dh)
+  return H * c.per_key, H * c.per_query, H * Tq * Tk * (c.per_pair + 2 * dh)
+
+
+def transformer_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
+  """The Transformer's forward matmul FLOPs (model.arch=transformer): per layer the q/k/v/o
+  projections (4 · 2d² per token; cross-attention's k/v once per source token), the scores and
+  weighted sums over the padded grid, the feed-forward (2 · 2 d d_ff per token); then the
+  output layer (2 d V per target token). LayerNorm, softmax and the embedding lookups (gathers)
+  are not matmuls and count nothing."""
+  d, F = mc.d_model, mc.d_ff
+  proj, ff = 2 * d * d, 2 * 2 * d * F
+  k_enc, q_enc, pairs_enc = _heads_pair_flops(mc, "enc_self", Ts, Ts)
+  enc = Ts * (4 * proj + ff + k_enc + q_enc) + pairs_enc
+  k_self, q_self, pairs_self = _heads_pair_flops(mc, "dec_self", Tt, Tt)
+  k_cross, q_cross, pairs_cross = _heads_pair_flops(mc, "cross", Tt, Ts)
+  dec = (Tt * (4 * proj + k_self + q_self + 2 * proj + q_cross + ff) + pairs_self
+         + Ts * (2 * proj + k_cross) + pairs_cross)
+  return B * (mc.enc_layers * enc + mc.dec_layers * dec + Tt * 2 * d * mc.tgt_vocab)
 
 
 def train_step_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:

@@ -33,6 +33,11 @@ class Seq2Seq(nnx.Module):
     cfg.check_recurrent()
 
   @staticmethod
+  def forward_flops(cfg: ModelConfig, B: int, Ts: int, Tt: int) -> int:
+    from attn.models import cost  # pylint: disable=import-outside-toplevel
+    return cost.recurrent_forward_flops(cfg, B, Ts, Tt)
+
+  @staticmethod
   def attends(cfg: ModelConfig) -> bool:
     return registry.get(cfg.decoder, "decoder").fn.has_attention
 

@@ -414,8 +414,24 @@ class Transformer(nnx.Module):
     if cfg.match_params_of:
       raise ConfigError("model.match_params_of sizes a recurrent decoder (dec_hidden); "
                         "arch='transformer' does not use it")
+    # The recurrent decoder's attention settings would be silently ignored here: a sweep over
+    # model.normalizer must not train the same Transformer N times.
+    defaults = ModelConfig.__dataclass_fields__
+    for field in ("decoder", "score", "normalizer", "temperature", "scope", "half_width"):
+      if getattr(cfg, field) != defaults[field].default:
+        raise ConfigError(
+            f"model.{field}={getattr(cfg, field)!r} configures the recurrent decoder; "
+            f"arch='transformer' takes it per attention: model.enc_self.{field}, "
+            f"model.dec_self.{field}, model.cross.{field}" if field != "decoder" else
+            f"model.decoder={cfg.decoder!r} picks a recurrent decoder; arch='transformer' "
+            "has its own")
     for field, spec in ROLES.items():
       _check_role(cfg, field, spec, pos)
+
+  @staticmethod
+  def forward_flops(cfg: ModelConfig, B: int, Ts: int, Tt: int) -> int:
+    from attn.models import cost  # pylint: disable=import-outside-toplevel
+    return cost.transformer_forward_flops(cfg, B, Ts, Tt)
 
   @staticmethod
   def attends(cfg: ModelConfig) -> bool:
