@@ -11,6 +11,10 @@ tabulate and plot the results.
     # each combination once per seed (run dirs decoder=none,seed=0 ...); the table: mean ± std
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
         --workdir=workdirs/seeds --sweep=model.decoder=none,bahdanau --seeds=0,1,2
+    # an ablation, one factor at a time from the preset's values (a `base` run, then each
+    # listed value alone), three seeds each
+    python launch.py --experiment=translate --config=experiments/configs/translate.py:demo_transformer \
+        --workdir=workdirs/ablate_heads --vary=model.num_heads=1,2,8 --seeds=0,1,2 --parallel=2
     # the same as one Slurm job array; when it has ended, the same command with --collect
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
         --workdir=workdirs/cluster --sweep=model.decoder=none,bahdanau --seeds=0,1,2 \
@@ -90,6 +94,10 @@ def define_flags(fv):
                             flag_values=fv)
   flags.DEFINE_multi_string("sweep", [], "Grid axis: key=v1,v2,... (one run per combination).",
                             flag_values=fv)
+  flags.DEFINE_multi_string("vary", [], "Ablation axis: key=v1,v2,...; one factor at a time: a "
+                            "`base` run at the config's own values, then one run per listed "
+                            "value with every other key at its base (not a grid; list only "
+                            "values other than the base's).", flag_values=fv)
   flags.DEFINE_list("seeds", [], f"Run every combination once per seed (sets {SEED_KEY}); the "
                     "table reports mean ± std over seeds.", flag_values=fv)
   flags.DEFINE_list("metrics", ["bleu", "exact_match", "params", "tokens_per_sec", "wall_s"],
@@ -150,6 +158,18 @@ def grid(sweeps):
   return runs
 
 
+def one_at_a_time(varies):
+  """An ablation: [("base", [])] then one run per value of each axis, alone:
+  [('heads=2', [('model.heads', '2')]), ...]. Refuses an axis given twice (ConfigError)."""
+  runs, seen = [("base", [])], set()
+  for key, values in map(parse_axis, varies):
+    if key in seen:
+      raise ConfigError(f"--vary {key} is given twice: list all its values in one --vary")
+    seen.add(key)
+    runs += [(f"{key.split('.')[-1]}={v}", [(key, v)]) for v in values]
+  return runs
+
+
 def command(experiment, config, workdir, overrides):
   cmd = [sys.executable, "-m", f"experiments.{experiment}", f"--workdir={workdir}"]
   if config:
@@ -199,18 +219,23 @@ class Run:
             "overrides": dict(self.overrides)}
 
 
-def plan(experiment, config, workdir, sets, sweeps, seeds=()) -> list:
-  """The runs of a launch: one per combination of `sweeps` (and per seed), each with all of
-  `sets`. A single run (no sweeps, no seeds) runs in `workdir` itself."""
+def plan(experiment, config, workdir, sets, sweeps, seeds=(), varies=()) -> list:
+  """The runs of a launch: one per combination of `sweeps` (or per setting of the one-at-a-time
+  `varies`), and per seed, each with all of `sets`. A single run (no sweeps, varies or seeds)
+  runs in `workdir` itself."""
+  if sweeps and varies:
+    raise ConfigError("--sweep (a grid) and --vary (one factor at a time) do not combine; "
+                      "give one of them")
   fixed = [(k, ",".join(vs)) for k, vs in map(parse_axis, sets)]
+  axes = sweeps or varies
   runs = []
-  for name, combo in grid(sweeps):
+  for name, combo in one_at_a_time(varies) if varies else grid(sweeps):
     for seed in seeds or [None]:
       run_name, overrides = name, fixed + combo
       if seed is not None:
-        run_name = f"{name},seed={seed}" if sweeps else f"seed={seed}"
+        run_name = f"{name},seed={seed}" if axes else f"seed={seed}"
         overrides = overrides + [(SEED_KEY, str(seed))]
-      run_dir = os.path.join(workdir, run_name) if sweeps or seeds else workdir
+      run_dir = os.path.join(workdir, run_name) if axes or seeds else workdir
       runs.append(Run(run_name, run_dir, experiment, config, tuple(overrides), group=name))
   return runs
 
@@ -455,8 +480,8 @@ def launch(opts, argv=None) -> int:
   --collect, only reads the run directories) and writes the table; the exit status (0, 1 or 2).
   opts: parsed flags (parse_args); argv: the command line recorded in results.md."""
   launcher = launchers.make(opts)
-  seeds = parse_seeds(opts.seeds, opts.set, opts.sweep)
-  runs = plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds)
+  seeds = parse_seeds(opts.seeds, opts.set, [*opts.sweep, *opts.vary])
+  runs = plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds, opts.vary)
   errors = check_configs(load_experiment(opts.experiment), opts.config, runs)
   for e in errors:
     print(f"error: {e}", file=sys.stderr)

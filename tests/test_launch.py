@@ -34,6 +34,22 @@ def test_grid_is_the_cartesian_product_with_readable_names():
   assert launch.grid([]) == [("run", [])]
 
 
+def test_vary_is_one_factor_at_a_time_from_a_shared_base():
+  runs = launch.plan("translate", "c.py:x", "w", ["train.steps=5"],
+                     [], [0, 1], ["model.num_heads=1,8", "model.dropout=0.3"])
+  assert [r.name for r in runs] == [f"{n},seed={s}" for n in
+                                    ("base", "num_heads=1", "num_heads=8", "dropout=0.3")
+                                    for s in (0, 1)]
+  by_name = {r.name: r.overrides for r in runs}
+  assert by_name["base,seed=1"] == (("train.steps", "5"), ("train.seed", "1"))
+  assert by_name["dropout=0.3,seed=0"] == (("train.steps", "5"), ("model.dropout", "0.3"),
+                                           ("train.seed", "0"))
+  with pytest.raises(ConfigError, match="do not combine"):
+    launch.plan("translate", None, "w", [], ["model.score=dot"], [], ["model.dropout=0.3"])
+  with pytest.raises(ConfigError, match="given twice"):
+    launch.one_at_a_time(["model.dropout=0", "model.dropout=0.3"])
+
+
 def test_bad_axis_is_a_config_error():
   with pytest.raises(ConfigError, match="key=value"):
     launch.parse_axis("model.decoder")
