@@ -205,6 +205,12 @@ def test_decoding_past_the_cache_is_an_error():
   learned = build_model(_cfg(pos_encoding="learned", max_tgt_len=4))
   with pytest.raises(ValueError, match="learned target positions"):
     learned.initial_decode_state(batch["src"], batch["src_lengths"], max_len=5)
+  # The task's searches stop at the table's end instead (evaluation asks for ~1.2 x source + 10).
+  from attn import training
+  from attn.training.task import Search
+  out = training.get_task("translate").decode(learned, batch, max_len=9, search=Search())
+  assert learned.longest_output == 4 and out.tokens.shape == (B, 4)
+  assert build_model(_cfg(max_tgt_len=4)).longest_output is None
 
 
 _FUSED_REFERENCE = {}  # the unfused twin's outputs, from test_masks_cache_decoding_and_gradients

@@ -47,6 +47,8 @@ class Seq2Seq(nnx.Module):
     return {"decoder": cfg.decoder, "score": cfg.score, "normalizer": cfg.normalizer,
             "scope": cfg.scope, "temperature": cfg.temperature}
 
+  longest_output = None  # a recurrent decoder can emit any number of tokens
+
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
     self.encoder = Encoder(cfg, rngs=rngs, compute_dtype=compute_dtype)

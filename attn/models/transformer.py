@@ -450,6 +450,14 @@ class Transformer(nnx.Module):
     self.encoder = TransformerEncoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
     self.decoder = TransformerDecoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
 
+  @property
+  def longest_output(self) -> int | None:
+    """The most tokens a search can emit: a learned target-position table ends at its length
+    (model.max_tgt_len; the model has seen no position past the training targets' anyway);
+    None for the unbounded encodings."""
+    table = self.decoder.embedding.pos_params
+    return None if table is None else int(table["table"].shape[0])
+
   def __call__(self, batch, dropout_key=None):
     """Teacher-forced logits [B, Tt, V] and attention weights [B, Tt, Ts] (None when fused)."""
     logits, att = self.attention(batch, dropout_key)

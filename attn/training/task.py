@@ -113,6 +113,8 @@ class TranslationTask(Task):
 
   def decode(self, model, batch, *, max_len, search):
     src = batch["src"]
+    if model.longest_output is not None:  # e.g. a learned position table: no step past its end
+      max_len = min(max_len, model.longest_output)
     init = model.initial_decode_state(src, batch["src_lengths"], batch.get("src_ext"),
                                       max_len=max_len)
     common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram)
