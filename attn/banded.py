@@ -36,33 +36,15 @@ def default_block(half_width: int, T: int) -> int:
   return max(1, min(1 << max(2 * half_width - 1, 0).bit_length(), MAX_BLOCK, T))
 
 
-@functools.lru_cache(maxsize=None)
-def _reads_positions(score: str) -> bool:
-  """Whether score `score`'s e_ij depends on where q_i and k_j sit, not only on the two vectors
-  (Luong's location score reads column j of W_a). The band hands the score each block's queries
-  and keys re-indexed from 0, so such a score would be silently wrong there. The registry has
-  no field for this: probed once per score by dropping the first query and key and checking that
-  the remaining scores are unchanged."""
-  with jax.ensure_compile_time_eval():  # concrete values also while banded_attend is traced
-    kq, kk, kparams = jax.random.split(jax.random.PRNGKey(0), 3)
-    d = 4
-    params = core.init_score(score, kparams, d, d, d_attn=d, max_len=8)
-    q, k = jax.random.normal(kq, (3, d)), jax.random.normal(kk, (4, d))
-    variant = get(score, "score")
-    e = variant.fn(params, q, core.prepare_keys(score, params, k))  # [3, 4]
-    e_tail = variant.fn(params, q[1:], core.prepare_keys(score, params, k[1:]))  # [2, 3]
-    return not bool(jnp.allclose(e[1:, 1:], e_tail, rtol=1e-5, atol=1e-6))
-
-
 def banded_unsupported(score: str, normalizer: str = "softmax") -> str | None:
   """Why banded_attend cannot run this variant (None when it can).
 
   Every registered normalizer is covered: the normalizer contract (masked entries exactly 0, a
   row with no valid entry all zeros) makes a row over the band equal the row over all keys.
-  Scores must depend on the query and key vectors alone (see _reads_positions)."""
+  Scores must depend on the query and key vectors alone: the band hands the score each block's
+  keys re-indexed from 0, so a `positional` score (the registry's flag) would be silently wrong."""
   get(normalizer, "normalizer")  # unknown names fail with the known ones
-  get(score, "score")
-  if _reads_positions(score):
+  if get(score, "score").positional:
     return (f"banded attention scores each block against its band with positions counted from "
             f"the band's start; score {score!r} depends on the key's position, not only on its "
             f"vector: use core.attend(..., scope='window')")

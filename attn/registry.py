@@ -36,6 +36,9 @@ class Variant:
     a leading H axis, key_lengths: [N] int32 or None; context [N, H, Tq, dv]. None: no kernel.
   cost: for scores, `cost(dq, dk, d_attn) -> ScoreCost` (matmul FLOPs per key, per query and per
     query-key pair), used by benchmarks' analytic FLOP counts.
+  positional: for scores, True when e_ij depends on where key j sits, not only on the query and
+    key vectors (Luong's location score reads column j of W_a): such a score cannot score a
+    re-indexed slice of the keys (attn.banded).
   """
   kind: str
   name: str
@@ -47,13 +50,14 @@ class Variant:
   prepare: Callable[..., Any] | None = None
   fused: Callable[..., Any] | None = None
   cost: Callable[..., Any] | None = None
+  positional: bool = False
 
 
 VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
 
 
 def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
-             fused=None, cost=None):
+             fused=None, cost=None, positional=False):
   """Decorator registering `fn` under `kind`/`name` (and aliases)."""
   if kind not in KINDS:
     raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
@@ -66,7 +70,7 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
     for n in (name, *aliases):
       VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, full_attention,
                                   alias_of=None if n == name else name, prepare=prepare,
-                                  fused=fused, cost=cost)
+                                  fused=fused, cost=cost, positional=positional)
     return fn
 
   return decorator

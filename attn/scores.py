@@ -162,7 +162,7 @@ def _location_cost(dq, dk, d_attn=None):
   return ScoreCost(per_key=0, per_query=0, per_pair=2 * dq)
 
 
-@register("score", "location", init=init_location, cost=_location_cost)
+@register("score", "location", init=init_location, cost=_location_cost, positional=True)
 def location(params, q, k):
   """Luong location: e_t = W_a h_t over source positions, from the query alone. W: [dq, max_len]."""
   Tk, max_len = k.shape[-2], params["W"].shape[-1]

@@ -115,6 +115,19 @@ def test_a_window_wider_than_the_sequence_is_global_attention(causal):
     np.testing.assert_allclose(ctx, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("score", attn.canonical_names("score"))
+def test_the_registry_flags_exactly_the_scores_that_read_key_positions(score):
+  """A score is `positional` iff dropping the first query and key changes the others' scores
+  (what the band's re-indexed keys would do to it)."""
+  kq, kk, kp = jax.random.split(jax.random.PRNGKey(0), 3)
+  params = core.init_score(score, kp, 4, 4, d_attn=4, max_len=8)
+  q, k = jax.random.normal(kq, (3, 4)), jax.random.normal(kk, (4, 4))
+  e = core.score(score, params, q, k)  # [3, 4]
+  e_tail = core.score(score, params, q[1:], k[1:])  # [2, 3]
+  moved = not np.allclose(e[1:, 1:], e_tail, rtol=1e-5, atol=1e-6)
+  assert attn.registry.get(score, "score").positional == moved
+
+
 def test_refusals_name_the_reason():
   params, q, k, v, _ = _inputs("location", (), 6)
   assert "position" in banded.banded_unsupported("location")
