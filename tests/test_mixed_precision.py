@@ -168,7 +168,9 @@ def test_analytic_transformer_flop_count_matches_the_traced_train_step(score):
     pairs = cfg.enc_layers * Ts * Ts + cfg.dec_layers * (Tt * Tt + Tt * Ts)
     counted += 3 * B * pairs * cfg.num_heads * 2 * (cfg.d_model // cfg.num_heads)
   assert cost.train_step_flops(cfg, B, Ts, Tt) == counted
-  with pytest.raises(NotImplementedError, match="enc_self.scope='window'"):
+  # The output layer reads d_model (not the recurrent decoder's dec_hidden): fwd + 2x bwd.
+  assert cost.output_layer_flops(cfg, B, Tt) == 3 * 2 * B * Tt * 12 * SIZES["tgt_vocab"]
+  with pytest.raises(ValueError, match="enc_self.scope='window'"):
     cost.train_step_flops(cfg.replace(enc_self=AttentionRole(scope="window", half_width=2)),
                           B, Ts, Tt)
 

@@ -52,8 +52,8 @@ def _heads_pair_flops(mc: ModelConfig, field: str, Tq: int, Tk: int) -> tuple[in
   and the weighted sum of values. Every query-key pair of the padded [Tq, Tk] grid is counted:
   masks (padding, causality) do not skip work in the dense path."""
   role = getattr(mc, field)
-  if role.scope != "global":
-    raise NotImplementedError(
+  if role.scope != "global":  # banded, top-k and linear scopes form other sets of pairs
+    raise ValueError(
         f"the analytic count covers global attention; model.{field}.scope={role.scope!r} forms "
         "another set of pairs (count the traced step: jaxpr_flops)")
   H, dh = mc.num_heads, mc.d_model // mc.num_heads
@@ -76,6 +76,13 @@ def transformer_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   dec = (Tt * (4 * proj + k_self + q_self + 2 * proj + q_cross + ff) + pairs_self
          + Ts * (2 * proj + k_cross) + pairs_cross)
   return B * (mc.enc_layers * enc + mc.dec_layers * dec + Tt * 2 * d * mc.tgt_vocab)
+
+
+def output_layer_flops(mc: ModelConfig, B: int, Tt: int) -> int:
+  """The [D, V] output layer's share of train_step_flops (forward + 2x backward), D the
+  width the architecture feeds it (`output_width`)."""
+  D = registry.get(mc.arch, "arch").fn.output_width(mc)
+  return 3 * 2 * B * Tt * D * mc.tgt_vocab
 
 
 def train_step_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:

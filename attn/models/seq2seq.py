@@ -38,6 +38,10 @@ class Seq2Seq(nnx.Module):
     return cost.recurrent_forward_flops(cfg, B, Ts, Tt)
 
   @staticmethod
+  def output_width(cfg: ModelConfig) -> int:
+    return cfg.dec_hidden  # the deep output's width: [dec_hidden, V]
+
+  @staticmethod
   def attends(cfg: ModelConfig) -> bool:
     return registry.get(cfg.decoder, "decoder").fn.has_attention
 

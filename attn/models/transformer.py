@@ -434,6 +434,10 @@ class Transformer(nnx.Module):
     return cost.transformer_forward_flops(cfg, B, Ts, Tt)
 
   @staticmethod
+  def output_width(cfg: ModelConfig) -> int:
+    return cfg.d_model
+
+  @staticmethod
   def attends(cfg: ModelConfig) -> bool:
     del cfg
     return True
