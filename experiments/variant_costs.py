@@ -369,9 +369,9 @@ def cost_sweep(s: Settings, log) -> list[dict]:
         elif not cell["note"].startswith("needs"):
           previous[part] = (T, math.inf)  # too slow here: longer T is too slow too
       rows.append(row)
-      log(f"cost    {variant:<7} T={T:<6} encoder {_fmt_ms(row['encoder_ms'])} ms "
-          f"{_fmt_mib(row['encoder_mib'])} MiB | attention {_fmt_ms(row['attention_ms'])} ms "
-          f"{_fmt_mib(row['attention_mib'])} MiB"
+      log(f"cost    {variant:<7} T={T:<6} encoder {_fmt(row['encoder_ms'])} ms "
+          f"{_fmt(row['encoder_mib'])} MiB | attention {_fmt(row['attention_ms'])} ms "
+          f"{_fmt(row['attention_mib'])} MiB"
           + "".join(f" [{p}: {row[p + '_note']}]" for p in ("encoder", "attention")
                     if row[p + "_note"]))
   return rows
@@ -461,11 +461,8 @@ COLUMNS = ("variant", "T", "encoder step ms", "encoder peak MiB", "attention ste
            "attention peak MiB", "recall accuracy", "query weight on gold", "notes")
 
 
-def _fmt_ms(v):
-  return "—" if v is None else (f"{v:.3g}" if v < 100 else f"{v:,.0f}")
-
-
-def _fmt_mib(v):
+def _fmt(v):
+  """A time (ms) or memory (MiB) cell: three significant digits, thousands separated."""
   return "—" if v is None else (f"{v:.3g}" if v < 100 else f"{v:,.0f}")
 
 
@@ -485,7 +482,7 @@ def markdown_table(rows) -> str:
     cells = [r["variant"], str(r["T"])]
     for part in ("encoder", "attention"):
       if f"{part}_mib" in r:
-        cells += [_fmt_ms(r[f"{part}_ms"]), _fmt_mib(r[f"{part}_mib"])]
+        cells += [_fmt(r[f"{part}_ms"]), _fmt(r[f"{part}_mib"])]
       else:
         cells += ["", ""]
     if "accuracy" in r:

@@ -417,14 +417,15 @@ class Transformer(nnx.Module):
     # The recurrent decoder's attention settings would be silently ignored here: a sweep over
     # model.normalizer must not train the same Transformer N times.
     defaults = ModelConfig.__dataclass_fields__
-    for field in ("decoder", "score", "normalizer", "temperature", "scope", "half_width"):
+    if cfg.decoder != defaults["decoder"].default:
+      raise ConfigError(f"model.decoder={cfg.decoder!r} picks a recurrent decoder; "
+                        "arch='transformer' has its own")
+    for field in ("score", "normalizer", "temperature", "scope", "half_width"):
       if getattr(cfg, field) != defaults[field].default:
         raise ConfigError(
             f"model.{field}={getattr(cfg, field)!r} configures the recurrent decoder; "
             f"arch='transformer' takes it per attention: model.enc_self.{field}, "
-            f"model.dec_self.{field}, model.cross.{field}" if field != "decoder" else
-            f"model.decoder={cfg.decoder!r} picks a recurrent decoder; arch='transformer' "
-            "has its own")
+            f"model.dec_self.{field}, model.cross.{field}")
     for field, spec in ROLES.items():
       _check_role(cfg, field, spec, pos)
 
