@@ -244,7 +244,7 @@ def gold_attention(encoder, tokens, gold):
     kp, _ = a.keys_values(h, positions)
     probe = jnp.broadcast_to((jnp.arange(T) == gold[:, None])[:, None, :, None],
                              (B, a.num_heads, T, 1)).astype(jnp.float32)  # [B, H, T, 1]
-    ctx, _ = attend_heads(values(a.params), a.queries(h, positions), kp, probe, a.role,
+    ctx, *_ = attend_heads(values(a.params), a.queries(h, positions), kp, probe, a.role,
                           key_lengths=lengths, bias=a.pos.bias(a.num_heads, positions, positions),
                           positions=jnp.broadcast_to(positions, (B, T)), fused=a.fused)
     out.append(ctx[:, :, -1, 0])  # [B, H]

@@ -207,7 +207,7 @@ def test_the_transformer_routes_window_self_attention_through_the_band(monkeypat
 
   monkeypatch.setattr(banded, "banded_attend", counted)
   _, (_, w) = jax.eval_shape(lambda p: loss("cross", p), layers["cross"][1])
-  assert w.shape == (2, 2, 7, 7) and not calls  # weights formed: the masked path
+  assert w.weights.shape == (2, 2, 7, 7) and not calls  # weights formed: the masked path
   outs = {field: run(field) for field in ("enc_self", "dec_self")}
   assert [kw["causal"] for kw in calls] == [False, True]
   assert outs["enc_self"][1] is None and outs["dec_self"][1] is None

@@ -259,11 +259,16 @@ def test_attention_is_attn_multihead_on_the_same_parameters():
   lengths = jnp.asarray(SRC_LENGTHS)
   pos = jnp.arange(TS)[None]
   kp, v = layer.keys_values(x, pos)
-  out, w = layer(layer.queries(x, pos), kp, v, q_pos=pos, k_pos=pos, key_lengths=lengths)
+  out, att = layer(layer.queries(x, pos), kp, v, q_pos=pos, k_pos=pos, key_lengths=lengths)
   ref, w_ref = attn.multihead(values(layer.params), x, num_heads=2, score="general",
                               key_lengths=lengths)
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(att.weights, w_ref, rtol=1e-5, atol=1e-7)
+  # The raw scores behind the weights: softmax over the unmasked ones gives them back.
+  again = attn.normalize(jnp.where(jnp.isfinite(att.scores), att.scores, 0.0),
+                         jnp.isfinite(att.scores))
+  np.testing.assert_allclose(again, w_ref, rtol=1e-5, atol=1e-7)
+  assert bool(jnp.all(jnp.isinf(att.scores) == (w_ref == 0)))  # -inf exactly where padded
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -66,9 +66,9 @@ def test_the_gold_probe_reads_the_weights_the_layer_forms():
     layer = enc.layers[0]
     h = layer.norm_attn(enc.embedding(tokens, positions))
     kp, v = layer.attn.keys_values(h, positions)
-    _, w = layer.attn(layer.attn.queries(h, positions), kp, v, q_pos=positions, k_pos=positions,
-                      key_lengths=vc.full_lengths(tokens))  # [B, H, T, T]
-    return vc.gold_attention(enc, tokens, gold), w  # [B, L, H], [B, H, T, T]
+    _, att = layer.attn(layer.attn.queries(h, positions), kp, v, q_pos=positions,
+                        k_pos=positions, key_lengths=vc.full_lengths(tokens))
+    return vc.gold_attention(enc, tokens, gold), att.weights  # [B, L, H], [B, H, T, T]
 
   probe, w = map(np.asarray, probe_and_weights(state, tokens, gold))
   want = w[np.arange(5), :, -1, np.asarray(gold)]  # [B, H]

@@ -59,6 +59,13 @@ ALIGNMENT_LAYER = -1
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 
 
+class HeadAttention(NamedTuple):
+  """What one multi-head attention formed: weights [B, H, Tq, Tk] float32 and the raw scores
+  behind them [B, H, Tq, Tk] (before temperature and normalizer, -inf where not attendable)."""
+  weights: jax.Array
+  scores: jax.Array
+
+
 class Role(NamedTuple):
   """One of the three attentions: its config field, and how it is masked and positioned."""
   field: str
@@ -108,13 +115,15 @@ def attend_heads(params, q, kp, v, role, *, key_lengths=None, mask=None, causal=
   fused: all heads in one kernel call (needs softmax, the global scope, no mask and no bias).
   same_positions: queries and keys are the same positions 0..T-1 (self-attention in teacher
   forcing and encoding); a window scope then runs banded, when given no mask and no bias.
-  Returns (context [B, H, Tq, dh], weights [B, H, Tq, Tk] float32, or None when never formed:
-  fused, banded window, linear attention). A query with no valid key gets zero weights and context.
+  Returns (context [B, H, Tq, dh], weights [B, H, Tq, Tk] float32, raw scores [B, H, Tq, Tk]
+  float32 (before the temperature and the normalizer, bias included, -inf where not attendable);
+  weights and scores are None when never formed: fused, banded window, linear attention). A query
+  with no valid key gets zero weights and context. Under jit, unused weights and scores cost nothing.
   """
   score_params, scope_params = params.get("score"), params.get("scope")
   if fused:
     return core.fused_heads(role.score, score_params, q, kp, v, temperature=role.temperature,
-                            causal=causal, key_lengths=key_lengths), None
+                            causal=causal, key_lengths=key_lengths), None, None
   if (role.scope == banded.SCOPE and same_positions and mask is None and bias is None
       and banded.banded_unsupported(role.score, role.normalizer) is None):
     # The masked window forms all [T, T] scores to keep 2 * half_width + 1 per query; the band
@@ -125,14 +134,14 @@ def attend_heads(params, q, kp, v, role, *, key_lengths=None, mask=None, causal=
                                  half_width=role.half_width, causal=causal,
                                  key_lengths=key_lengths)
     return jax.vmap(one_band, in_axes=(_head_axis(score_params), -3, -3, -3),
-                    out_axes=-3)(score_params, q, kp, v), None
+                    out_axes=-3)(score_params, q, kp, v), None, None
 
   def one_head(sp, cp, q, k, v, b):
     return core.attend(sp, q, k, v, score=role.score, normalizer=role.normalizer, mask=mask,
                        temperature=role.temperature, causal=causal,
                        scope=_AT_POSITIONS.get(role.scope, role.scope), scope_params=cp,
                        half_width=role.half_width, top_k=role.top_k, positions=positions,
-                       keys_prepared=True, key_lengths=key_lengths, bias=b)
+                       keys_prepared=True, key_lengths=key_lengths, bias=b, return_scores=True)
 
   return jax.vmap(one_head, in_axes=(_head_axis(score_params), _head_axis(scope_params), -3, -3,
                                      -3, None if bias is None else -3),
@@ -161,6 +170,7 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, field: str, *, rngs: nnx.Rngs, compute_dtype: str):
     spec = ROLES[field]
+    self.role_field = field
     self.role = getattr(cfg, field)
     self.num_heads = cfg.num_heads
     self.causal = spec.causal
@@ -193,21 +203,30 @@ class Attention(nnx.Module):
     return prepare_heads(self.role.score, values(self.params.get("score")), k), self._heads(x, "wv")
 
   def __call__(self, q, kp, v, *, q_pos, k_pos, key_lengths=None, mask=None, causal=False,
-               fused=False):
-    """Attends with the role's variant and projects back: (out [B, Tq, d] float32, weights
-    [B, H, Tq, Tk] or None). q_pos [B or 1, Tq], k_pos [B or 1, Tk]: positions (bias, windows)."""
+               fused=False, reweigh=None):
+    """Attends with the role's variant and projects back: (out [B, Tq, d] float32,
+    HeadAttention of [B, H, Tq, Tk] arrays, or None when the weights are never formed).
+    q_pos [B or 1, Tq], k_pos [B or 1, Tk]: positions (bias, windows).
+    reweigh: weights [B, H, Tq, Tk] -> weights' of the same shape; the context is then
+    weights' @ v (an intervention on what the layer reads; `Transformer.counterfactual`)."""
     p = values(self.params)
     bias = self.pos.bias(self.num_heads, q_pos, k_pos)
     # Self-attention without a mask is encoding or teacher forcing (a decoding step masks its
     # cache): the keys sit at the queries' positions 0..T-1.
     same_positions = self.self_attention and mask is None
-    ctx, w = attend_heads(p, q, kp, v, self.role, key_lengths=key_lengths, mask=mask,
-                          causal=causal, bias=bias,
-                          positions=jnp.broadcast_to(q_pos, (q.shape[0], q.shape[-2])),
-                          fused=fused, same_positions=same_positions)  # ctx [B, H, Tq, dh]
+    ctx, w, s = attend_heads(p, q, kp, v, self.role, key_lengths=key_lengths, mask=mask,
+                             causal=causal, bias=bias,
+                             positions=jnp.broadcast_to(q_pos, (q.shape[0], q.shape[-2])),
+                             fused=fused, same_positions=same_positions)  # ctx [B, H, Tq, dh]
+    if reweigh is not None:
+      if w is None:
+        raise ValueError(f"model.{self.role_field}: an intervention on the attention weights "
+                         "needs them formed (not fused, banded or linear)")
+      ctx = jnp.einsum("bhqk,bhkd->bhqd", reweigh(w), v.astype(w.dtype)).astype(ctx.dtype)
     H, dh, d = p["wo"].shape
     ctx = jnp.swapaxes(ctx, -2, -3).reshape(ctx.shape[:-3] + (ctx.shape[-2], H * dh))
-    return _dense(ctx, p["wo"].reshape(H * dh, d), self.compute_dtype), w  # [B, Tq, d]
+    att = None if w is None else HeadAttention(w, s)
+    return _dense(ctx, p["wo"].reshape(H * dh, d), self.compute_dtype), att  # [B, Tq, d]
 
 
 class FeedForward(nnx.Module):
@@ -260,17 +279,19 @@ class DecoderLayer(nnx.Module):
     """Cross-attention keys and values of the encoder output [B, Ts, d] (no positions)."""
     return self.cross.keys_values(memory, None)
 
-  def _rest(self, y, q_pos, cross_kv, src_lengths, keys, fused):
-    """Cross-attention and feed-forward after the self-attention block: (y, weights)."""
+  def _rest(self, y, q_pos, cross_kv, src_lengths, keys, fused, reweigh=None):
+    """Cross-attention and feed-forward after the self-attention block: (y, HeadAttention
+    or None)."""
     h = self.norm_cross(y)
-    out, w = self.cross(self.cross.queries(h, q_pos), *cross_kv, q_pos=q_pos, k_pos=None,
-                        key_lengths=src_lengths, fused=fused)
+    out, att = self.cross(self.cross.queries(h, q_pos), *cross_kv, q_pos=q_pos, k_pos=None,
+                          key_lengths=src_lengths, fused=fused, reweigh=reweigh)
     y = y + dropout(out, self.rate, keys[0])
-    return y + dropout(self.ff(self.norm_ff(y)), self.rate, keys[1]), w
+    return y + dropout(self.ff(self.norm_ff(y)), self.rate, keys[1]), att
 
-  def __call__(self, y, cross_kv, src_lengths, positions, key=None):
-    """Teacher forcing. y: [B, Tt, d]; positions: [1, Tt]. Returns (y, cross weights
-    [B, H, Tt, Ts] or None)."""
+  def __call__(self, y, cross_kv, src_lengths, positions, key=None, reweigh=None):
+    """Teacher forcing. y: [B, Tt, d]; positions: [1, Tt]; reweigh: see Attention.__call__
+    (cross-attention). Returns (y, the cross-attention's HeadAttention of [B, H, Tt, Ts] arrays,
+    or None)."""
     keys = _keys(key, 3)
     h = self.norm_self(y)
     kp, v = self.self_attn.keys_values(h, positions)
@@ -278,12 +299,13 @@ class DecoderLayer(nnx.Module):
     out, _ = self.self_attn(self.self_attn.queries(h, positions), kp, v, q_pos=positions,
                             k_pos=positions, causal=True, fused=self.self_attn.fused)
     y = y + dropout(out, self.rate, keys[0])
-    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], self.cross.fused)
+    fused = self.cross.fused and reweigh is None
+    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], fused, reweigh)
 
   def step(self, y, cache, t, src_lengths):
     """One decoding step. y: [B, 1, d]; cache: {"k", "v": [B, H, C, dh'], "cross_k",
     "cross_v": [B, H, Ts, dh']}; t: [B] this step's position. Returns (y, cache with the step's
-    key and value written at t, cross weights [B, H, 1, Ts] or None)."""
+    key and value written at t, the cross-attention's HeadAttention [B, H, 1, Ts] or None)."""
     q_pos = t[:, None]  # [B, 1]
     h = self.norm_self(y)
     k_new, v_new = self.self_attn.keys_values(h, q_pos)  # [B, H, 1, dh']
@@ -361,18 +383,22 @@ class TransformerDecoder(nnx.Module):
       return _dense(y, self.embedding.embed.embedding[...].T, self.compute_dtype)
     return self.out(y)
 
-  def __call__(self, memory, src_lengths, tgt_in, dropout_key=None):
-    """Teacher forcing on tgt_in [B, Tt] (BOS-shifted). Returns (logits [B, Tt, V], cross
-    weights [B, L, H, Tt, Ts] or None)."""
+  def __call__(self, memory, src_lengths, tgt_in, dropout_key=None, reweigh=None):
+    """Teacher forcing on tgt_in [B, Tt] (BOS-shifted). reweigh: (weights [B, H, Tt, Ts],
+    layer index) -> weights', applied to every layer's cross-attention. Returns (logits
+    [B, Tt, V], the cross-attention of every layer, HeadAttention of [B, L, H, Tt, Ts] arrays,
+    or None when it forms no weights)."""
     keys = _keys(dropout_key, len(self.layers) + 1)
     positions = jnp.arange(tgt_in.shape[1])[None]  # [1, Tt]
     y = self.embedding(tgt_in, positions, keys[0])
-    ws = []
-    for layer, key in zip(self.layers, keys[1:]):
-      y, w = layer(y, layer.cross_keys_values(memory), src_lengths, positions, key)
-      ws.append(w)
-    heads = None if ws[0] is None else jnp.stack(ws, axis=1)
-    return self.logits(y), heads
+    atts = []
+    for i, (layer, key) in enumerate(zip(self.layers, keys[1:])):
+      layer_reweigh = None if reweigh is None else functools.partial(reweigh, layer=i)
+      y, att = layer(y, layer.cross_keys_values(memory), src_lengths, positions, key,
+                     reweigh=layer_reweigh)
+      atts.append(att)
+    stacked = None if atts[0] is None else jax.tree.map(lambda *x: jnp.stack(x, axis=1), *atts)
+    return self.logits(y), stacked
 
 
 def alignment(heads):
@@ -470,14 +496,48 @@ class Transformer(nnx.Module):
 
   def attention(self, batch, dropout_key=None, embed_offset=None):
     """Teacher-forced logits [B, Tt, V] float32 along batch["tgt"] and the StepAttention:
-    weights [B, Tt, Ts] (`alignment`), heads [B, L, H, Tt, Ts], scores None (a head average
-    has no one score); None when the cross-attention forms no weights (fused, linear).
+    weights [B, Tt, Ts] (`alignment`), heads [B, L, H, Tt, Ts] and the raw scores behind the
+    heads, scores [B, L, H, Tt, Ts] (a head average has no one score); None when the
+    cross-attention forms no weights (fused, linear).
     embed_offset: [B, Ts, d] added to the source embeddings (before the sqrt(d) scale)."""
     k_enc, k_dec = (None, None) if dropout_key is None else jax.random.split(dropout_key)
     memory = self.encoder(batch["src"], batch["src_lengths"], dropout_key=k_enc,
                           embed_offset=embed_offset)
-    logits, heads = self.decoder(memory, batch["src_lengths"], shift_right(batch["tgt"]), k_dec)
-    return logits, None if heads is None else StepAttention(alignment(heads), heads=heads)
+    logits, att = self.decoder(memory, batch["src_lengths"], shift_right(batch["tgt"]), k_dec)
+    if att is None:
+      return logits, None
+    return logits, StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
+
+  def counterfactual(self, batch, intervene):
+    """Teacher-forced logits along batch["tgt"], and the logits each step t would have had
+    with its cross-attention, in every layer and head, replaced by
+    `intervene(weights [B, H, 1, Ts], mask [B, H, 1, Ts] bool, draw)` while every other step
+    keeps its real attention. Causal self-attention keeps the steps before t blind to the
+    change, so, as for the recurrent decoders (Jain & Wallace 2019), each step's effect is
+    measured alone with the prefix attending as it did. One decoder pass per step (lax.map),
+    the encoder once; draw = t * L + layer, a distinct random draw per step and layer.
+    Returns (logits, logits_cf [B, Tt, V] float32, StepAttention as `attention`)."""
+    memory = self.encoder(batch["src"], batch["src_lengths"])
+    tgt_in = shift_right(batch["tgt"])
+    logits, att = self.decoder(memory, batch["src_lengths"], tgt_in)
+    if att is None:
+      raise ValueError("model.cross forms no attention weights (fused or linear): there is "
+                       "nothing to intervene on; rebuild the model with model.fused=False")
+    L, Ts = len(self.decoder.layers), memory.shape[1]
+    valid = (jnp.arange(Ts)[None, :] < batch["src_lengths"][:, None])[:, None, None, :]
+
+    def at_step(t):
+      def reweigh(w, layer):  # w: [B, H, Tt, Ts]; only row t changes
+        row = jax.lax.dynamic_slice_in_dim(w, t, 1, axis=2)
+        new = intervene(row, jnp.broadcast_to(valid, row.shape), t * L + layer)
+        return jax.lax.dynamic_update_slice_in_dim(w, new.astype(w.dtype), t, axis=2)
+
+      cf, _ = self.decoder(memory, batch["src_lengths"], tgt_in, reweigh=reweigh)
+      return jax.lax.dynamic_index_in_dim(cf, t, axis=1, keepdims=False)  # [B, V]
+
+    cf = jax.lax.map(at_step, jnp.arange(tgt_in.shape[1]))  # [Tt, B, V]
+    step_att = StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
+    return logits, jnp.swapaxes(cf, 0, 1), step_att
 
   def initial_decode_state(self, src, src_lengths, src_ext=None, *, max_len=None):
     """The decoding state (every leaf [B, ...]): the step count t, the source lengths and per
@@ -514,9 +574,9 @@ class Transformer(nnx.Module):
     y = self.decoder.embedding(y_prev[:, None], t[:, None])  # [B, 1, d]
     caches, ws = [], []
     for layer, cache in zip(self.decoder.layers, state["layers"]):
-      y, cache, w = layer.step(y, cache, t, state["src_lengths"])
+      y, cache, att = layer.step(y, cache, t, state["src_lengths"])
       caches.append(cache)
-      ws.append(w)
+      ws.append(None if att is None else att.weights)
     logits = self.decoder.logits(y[:, 0])  # [B, V]
     if ws[0] is None:
       Ts = state["layers"][0]["cross_k"].shape[-2]
