@@ -16,3 +16,16 @@ def smoke_bahdanau_workdir(tmp_path_factory):
   config.data.num_buckets = 1  # one batch shape: one compilation of each function downstream
   training.train_and_evaluate(config, workdir)
   return workdir
+
+
+@pytest.fixture(scope="session")
+def smoke_transformer_workdir(tmp_path_factory):
+  """One finished smoke run on a tiny Transformer (2 decoder layers x 2 heads: per-layer and
+  per-head attention differ), trained once per session; read by the viewer and diagnosis tests."""
+  workdir = str(tmp_path_factory.mktemp("smoke_transformer"))
+  config = translate_config.get_config("smoke")
+  config.model.update(dict(arch="transformer", d_model=16, num_heads=2, d_ff=32, enc_layers=1,
+                           dec_layers=2))
+  config.data.num_buckets = 1
+  training.train_and_evaluate(config, workdir)
+  return workdir

@@ -252,3 +252,31 @@ def test_the_server_serves_the_directory_on_localhost(tmp_path):
   finally:
     server.shutdown()
     server.server_close()
+
+
+def test_a_transformer_run_shows_every_layer_and_head(smoke_transformer_workdir):
+  """A real Transformer run: attention.npz holds [L, H, Tt, Ts] cross-attention and the scores
+  behind it; the last layer's head average is what its own search reported; the page offers
+  the layer/head choice with those arrays."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from attn import training  # pylint: disable=import-outside-toplevel
+  wd = smoke_transformer_workdir
+  z = np.load(os.path.join(wd, "attention.npz"))
+  run = training.load_run(wd)
+  batch = next(run.bundle.batches("test"))
+  out = run.task.decode(run.model, batch, max_len=run.tc.max_output_len(batch["src"].shape[1]),
+                        search=run.tc.search())
+  row = {int(e): r for r, e in enumerate(batch["example_id"])}
+  data = inspect_page.page_data(wd)
+  assert data["run"]["multi"] and data["run"]["has_scores"]
+  for n, i in enumerate(z["example_ids"]):
+    w, e = z[f"weights_{i}"], z[f"scores_{i}"]
+    Tt, Ts = len(z[f"tgt_tokens_{i}"]), len(z[f"src_tokens_{i}"])
+    assert w.shape == e.shape == (2, 2, Tt, Ts)  # dec_layers x num_heads
+    again = core.normalize(jnp.where(np.isfinite(e), e, 0), np.isfinite(e),
+                           kind=str(z["normalizer"]), temperature=float(z["temperature"]))
+    np.testing.assert_allclose(again, w, atol=1e-5)
+    searched = np.asarray(out.weights[row[int(i)]])[:Tt, :Ts]  # the search's own per-step record
+    np.testing.assert_allclose(w[-1].mean(0), searched, atol=1e-5)
+    assert not np.allclose(w[0], w[1], atol=1e-3)  # layers differ: the choice is worth offering
+    np.testing.assert_allclose(np.array(data["examples"][n]["weights"]), w, atol=1e-6)

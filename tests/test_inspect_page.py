@@ -208,6 +208,10 @@ def test_layer_and_head_selectors_switch_the_shown_weights(browser, pages):
   assert browser.find_element("id", "head").is_displayed()
   select(browser, "example", 2)
   w = run["weights"][run["ids"][2]]  # [L, H, Tt, Ts]
+  # It opens on the last layer's head average (what attention.png and AER read).
+  np.testing.assert_allclose(shown(browser)[1], w[-1].mean(0), atol=1e-5)
+  select(browser, "layer", 0)
+  select(browser, "head", 0)
   np.testing.assert_allclose(shown(browser)[1], w[0, 0], atol=1e-5)
   select(browser, "layer", 1)
   select(browser, "head", 2)

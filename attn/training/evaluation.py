@@ -71,14 +71,17 @@ def params_view(run):
 @dataclasses.dataclass
 class Outputs:
   """Decoded outputs of a split, by example_id: text, lengths and attention [Tt, Ts] per example
-  (`scores`: the raw attention scores behind the weights, when asked for and formed; `tokens`:
-  the output ids [Tt], EOS included; `extras`: per-step values the model reports, e.g. p_gen)."""
+  (`scores`: the raw attention scores behind the weights, when asked for and formed; `heads`:
+  a multi-head model's every layer and head [L, H, Tt, Ts], asked for like the scores, which
+  are then the heads' [L, H, Tt, Ts]; `tokens`: the output ids [Tt], EOS included; `extras`:
+  per-step values the model reports, e.g. p_gen)."""
   text: dict
   weights: dict
   src_lengths: dict
   src_labels: dict
   tgt_labels: dict
   scores: dict = dataclasses.field(default_factory=dict)
+  heads: dict = dataclasses.field(default_factory=dict)
   tokens: dict = dataclasses.field(default_factory=dict)
   extras: dict = dataclasses.field(default_factory=dict)
 
@@ -88,7 +91,8 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
 
   with_scores: also the raw attention scores of each output step, from teacher forcing the
   model along its own output (the decoder state is a function of the prefix, so this replays
-  the steps the search took: the same queries, hence the same scores).
+  the steps the search took: the same queries, hence the same scores), and for a multi-head
+  model every layer's and head's weights (`Outputs.heads`) from the same replay.
   """
   graphdef, params = params_view(run)
   src_vocab, task, bundle = run.bundle.src_vocab, run.task, run.bundle
@@ -100,7 +104,7 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
     res = fn(params, decode_inputs(batch))
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
     extras = {k: np.asarray(v) for k, v in (res.extras or {}).items()}
-    scores = None
+    scores = heads = None
     if with_scores and run.mc.has_attention:
       forced = {"src": batch["src"], "src_lengths": batch["src_lengths"], "tgt": res.tokens,
                 "tgt_lengths": res.lengths}
@@ -108,6 +112,7 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
         forced.update(src_ext=batch["src_ext"], tgt_ext=res.tokens)
       att = replay(params, forced)
       scores = None if att is None or att.scores is None else np.asarray(att.scores)
+      heads = None if att is None or att.heads is None else np.asarray(att.heads)
     for i, ex in enumerate(batch["example_id"]):
       ex = int(ex)
       if ex < 0:
@@ -122,7 +127,9 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
       out.src_labels[ex] = src_vocab.labels(batch["src"][i][:batch["src_lengths"][i]])
       out.tgt_labels[ex] = task.output_labels(bundle, role, ex, ids)
       if scores is not None:
-        out.scores[ex] = scores[i, :lengths[i], :batch["src_lengths"][i]]
+        out.scores[ex] = scores[i][..., :lengths[i], :batch["src_lengths"][i]]
+      if heads is not None:
+        out.heads[ex] = heads[i][..., :lengths[i], :batch["src_lengths"][i]]
     if max_sentences and len(out.text) >= max_sentences:
       break
   return out
@@ -172,7 +179,7 @@ def alignment_scores(run, role="test") -> dict:
 
 
 def renormalizes(weights, scores, normalizer, temperature, tol=1e-3) -> bool:
-  """Whether `weights` [Tt, Ts] are normalizer(scores / temperature) over the finite scores: what
+  """Whether `weights` [..., Tt, Ts] are normalizer(scores / temperature) over the finite scores: what
   a viewer re-normalizing the scores at another temperature assumes (false under local-p's
   Gaussian gain, or if the replayed steps drifted from the search's)."""
   from attn import core  # pylint: disable=import-outside-toplevel
@@ -184,21 +191,25 @@ def renormalizes(weights, scores, normalizer, temperature, tol=1e-3) -> bool:
 
 def write_attention(run, role, hyps: Outputs, sample) -> None:
   """attention.npz for the examples `sample` (ids): per example the weights of each output step
-  `weights_{id}` [Tt, Ts], the raw scores `scores_{id}` [Tt, Ts] (-inf = not attendable; only
-  when the weights re-normalize from them, see `renormalizes`), the token labels
+  `weights_{id}` [Tt, Ts], or [L, H, Tt, Ts] for a multi-head model (every layer's and head's
+  cross-attention, `Outputs.heads`), the raw scores `scores_{id}` of the same shape
+  (-inf = not attendable; only when the weights re-normalize from them, see `renormalizes`),
+  the token labels
   `src_tokens_{id}` [Ts] and `tgt_tokens_{id}` [Tt]; per sample `example_ids`, `sources`,
   `predictions`, `references`; and the run's `decoder`, `score`, `normalizer`, `scope` and
   `temperature`. Rows are output tokens (EOS included), columns source tokens (EOS included)."""
   v = run.mc.variant
-  with_scores = all(i in hyps.scores and renormalizes(
-      hyps.weights[i], hyps.scores[i], v["normalizer"], v["temperature"]) for i in sample)
+  multi = bool(sample) and all(i in hyps.heads for i in sample)
+  weights = hyps.heads if multi else hyps.weights
+  with_scores = all(i in hyps.scores and hyps.scores[i].shape == weights[i].shape and renormalizes(
+      weights[i], hyps.scores[i], v["normalizer"], v["temperature"]) for i in sample)
   if run.mc.has_attention and hyps.scores and not with_scores:
     log.warning("attention.npz: the weights are not normalizer(scores / temperature) for this "
                 f"variant (scope {v['scope']!r}), so no raw scores are stored")
   sources, refs = run.bundle.sources(role), run.bundle.references(role)
   arrays = {}
   for i in sample:
-    arrays[f"weights_{i}"] = hyps.weights[i]
+    arrays[f"weights_{i}"] = weights[i]
     arrays[f"src_tokens_{i}"] = np.array(hyps.src_labels[i], dtype=str)
     arrays[f"tgt_tokens_{i}"] = np.array(hyps.tgt_labels[i], dtype=str)
     if with_scores:

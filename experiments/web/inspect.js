@@ -108,6 +108,12 @@
       for (let l = 0; l < L; l++) $("layer").appendChild(option(l));
       for (let h = 0; h < H; h++) $("head").appendChild(option(h));
       $("head").appendChild(el("option", { value: AVERAGE }, "average"));
+      // Open on what the run's heatmaps and AER read: the last layer's head average
+      // (attn.models.transformer.ALIGNMENT_LAYER).
+      state.layer = L - 1;
+      state.head = AVERAGE;
+      $("layer").value = String(L - 1);
+      $("head").value = AVERAGE;
     }
     const slider = $("temperature");
     slider.min = String(Math.log10(SLIDER_MIN));
