@@ -21,8 +21,13 @@ Per-step measures (pure, jit-clean, batched):
 - `output_divergences(logits, logits_cf)`: total variation, Jensen-Shannon divergence (nats,
   at most log 2) and whether the argmax token flips, per step.
 - interventions (`INTERVENTIONS`): `identity`, `permute`, `uniform`, `zero_top`, each a factory
-  `make(key) -> intervene(weights [B, 1, Ts], mask [B, 1, Ts] bool, t) -> weights'` for
-  `Seq2Seq.counterfactual`.
+  `make(key) -> intervene(weights [..., 1, Ts], mask [..., 1, Ts] bool, draw) -> weights'` for
+  the models' `counterfactual` (`Seq2Seq`: one attention per step, draw = t; `Transformer`:
+  every layer's and head's cross-attention row at step t, [B, H, 1, Ts], a draw per layer).
+
+A multi-head model (the Transformer) is read two ways: its `weights` (the alignment layer's
+head average, attn.models.transformer.ALIGNMENT_LAYER) go through every measure above, and its
+`heads` [B, L, H, Tt, Ts] get entropy and the gold-alignment scores per layer and head.
 
 Attribution and counterfactuals are evaluated along the model's own greedy output (decode, then
 teacher-force along it): the token whose probability is explained is the one the model chose.
@@ -311,8 +316,9 @@ def analyze_batch(graphdef, params, batch, key, *, interventions=DEFAULT_INTERVE
   batch: src [B, Ts], src_lengths [B], tgt [B, Tt], tgt_lengths [B]. Returns a dict of arrays:
   weights [B, Tt, Ts], entropy [B, Tt], gxi [B, Tt, Ts], tau [B, Tt] (attention vs |gxi|),
   top1_agree [B, Tt] (same argmax), and per intervention name `{name}/tv`, `{name}/js`,
-  `{name}/flip` [B, Tt]; with ig_steps > 0 also ig [B, Tt, Ts] and tau_ig [B, Tt]. Jit it with
-  graphdef, interventions and ig_steps static.
+  `{name}/flip` [B, Tt]; with ig_steps > 0 also ig [B, Tt, Ts] and tau_ig [B, Tt]; for a
+  multi-head model also head_entropy [B, Tt, L, H]. Jit it with graphdef, interventions and
+  ig_steps static.
   """
   model = nnx.merge(graphdef, params)
   _, att = model.attention(batch)
@@ -323,6 +329,8 @@ def analyze_batch(graphdef, params, batch, key, *, interventions=DEFAULT_INTERVE
          "tau": kendall_tau(w, jnp.abs(gxi), mask),
          "top1_agree": jnp.argmax(jnp.where(mask, w, -1), -1)
          == jnp.argmax(jnp.where(mask, jnp.abs(gxi), -1), -1)}
+  if att.heads is not None:  # [B, L, H, Tt, Ts] -> [B, Tt, L, H]: one row per output step
+    out["head_entropy"] = jnp.moveaxis(entropy(att.heads, mask[:, None, None]), -1, 1)
   if ig_steps:
     ig = integrated_gradients(model, batch, ig_steps)
     out.update(ig=ig, tau_ig=kendall_tau(w, jnp.abs(ig), mask))
@@ -341,7 +349,9 @@ def _greedy(task, graphdef, params, src, src_lengths, *, max_len):
 
 
 def _reference_attention(graphdef, params, batch):
-  return nnx.merge(graphdef, params).attention(batch)[1].weights
+  """Teacher-forced (weights [B, Tt, Ts], heads [B, L, H, Tt, Ts] or None)."""
+  att = nnx.merge(graphdef, params).attention(batch)[1]
+  return att.weights, att.heads
 
 
 @functools.lru_cache(maxsize=None)
@@ -354,16 +364,14 @@ def analysis_model(run):
   unfused variant. Raises DiagnosisError for a decoder without attention or a scope that never
   forms weights (linear attention)."""
   mc = run.mc
-  if not hasattr(run.model, "counterfactual"):
-    raise DiagnosisError(f"{run.workdir}: the {mc.variant['decoder']} model has no "
-                         "counterfactual hook yet; the diagnosis covers the recurrent models")
   if not mc.has_attention:
     raise DiagnosisError(
         f"{run.workdir}: decoder {mc.decoder!r} has no attention (the source enters through one "
         "fixed vector): there are no weights to diagnose; pick a run with decoder=bahdanau or "
         "luong")
-  if registry.get(mc.scope, "scope").full_attention:
-    raise DiagnosisError(f"{run.workdir}: scope {mc.scope!r} never forms attention weights "
+  scope = mc.variant["scope"]
+  if registry.get(scope, "scope").full_attention:
+    raise DiagnosisError(f"{run.workdir}: scope {scope!r} never forms attention weights "
                          "(its feature map replaces the softmax): there are none to diagnose")
   if not mc.fused:
     return run.model
@@ -411,8 +419,10 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
     src, src_len = jnp.asarray(batch["src"]), jnp.asarray(batch["src_lengths"])
     if run.bundle.has_alignments and "alignments" in batch:
       ref = {k: jnp.asarray(batch[k]) for k in ("src", "src_lengths", "tgt", "tgt_lengths")}
-      w_ref = np.asarray(_jit(_reference_attention, graphdef)(params, ref))
+      w_ref, heads_ref = jax.device_get(_jit(_reference_attention, graphdef)(params, ref))
       align["w"].append(w_ref[use])
+      if heads_ref is not None:
+        align.setdefault("heads", []).append(heads_ref[use])
       align["gold"].append(batch["alignments"][use])
       align["tl"].append(batch["tgt_lengths"][use])
       align["sl"].append(batch["src_lengths"][use])
@@ -430,7 +440,7 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
     step_ok = use[:, None] & (np.arange(T)[None, :] < lengths[:, None])  # [B, T]
     n_src = np.broadcast_to(np.asarray(batch["src_lengths"])[:, None], step_ok.shape)
     for k, v in out.items():
-      if v.ndim == 2:
+      if v.ndim == 2 or k == "head_entropy":  # one value (or one per layer and head) per step
         pooled.setdefault(k, []).append(v[step_ok])
     pooled.setdefault("n_src", []).append(n_src[step_ok])
   if n_examples == 0:
@@ -443,8 +453,8 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
   report = {
       "workdir": run.workdir, "split": split, "n_examples": n_examples,
       "n_steps": int(steps["entropy"].size), "seed": seed,
-      "model": {"decoder": mc.decoder, "score": mc.score, "normalizer": mc.normalizer,
-                "temperature": mc.temperature, "scope": mc.scope},
+      "model": {k: mc.variant[k] for k in ("decoder", "score", "normalizer", "temperature",
+                                           "scope")},
       "greedy_exact_match": n_exact / n_examples,
       "entropy": _entropy_summary(steps),
       "alignment": None,
@@ -459,6 +469,8 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
                                       "kendall_tau": _tau_summary(steps["tau_ig"], steps["n_src"])}
   if align["w"]:
     report["alignment"] = _alignment_pooled(align)
+  if "head_entropy" in steps:
+    report["heads"] = _heads_report(steps, align)
   return Diagnosis(report, steps)
 
 
@@ -498,18 +510,47 @@ def _cf_summary(steps, name) -> dict:
           "js_mean": float(js.mean()), "flip_rate": float(flip.mean()), "n_steps": int(tv.size)}
 
 
+def _pad_concat(arrays):
+  """[N_i, ..., Tt_i, Ts_i] arrays zero-padded on the last two axes and concatenated."""
+  Tt = max(x.shape[-2] for x in arrays)
+  Ts = max(x.shape[-1] for x in arrays)
+  lead = lambda x: [(0, 0)] * (x.ndim - 2)
+  return np.concatenate([np.pad(x, lead(x) + [(0, Tt - x.shape[-2]), (0, Ts - x.shape[-1])])
+                         for x in arrays])
+
+
 def _alignment_pooled(align) -> dict:
-  Tt = max(x.shape[1] for x in align["w"])
-  Ts = max(x.shape[2] for x in align["w"])
-  pad = lambda x: np.pad(x, ((0, 0), (0, Tt - x.shape[1]), (0, Ts - x.shape[2])))
-  w = np.concatenate([pad(x) for x in align["w"]])
-  g = np.concatenate([pad(x) for x in align["gold"]])
-  return alignment_report(w, g, np.concatenate(align["tl"]), np.concatenate(align["sl"]))
+  return alignment_report(_pad_concat(align["w"]), _pad_concat(align["gold"]),
+                          np.concatenate(align["tl"]), np.concatenate(align["sl"]))
+
+
+def _heads_report(steps, align) -> dict:
+  """Per layer and head (nested lists [L][H]): mean entropy and entropy / log(n valid) over
+  the greedy output's steps, and, with gold alignments, each head's and each layer's head
+  average's `alignment_report` teacher-forced along the reference."""
+  h = steps["head_entropy"]  # [N, L, H]
+  n = steps["n_src"].astype(np.float64)[:, None, None]
+  with np.errstate(divide="ignore", invalid="ignore"):
+    hn = np.where(n > 1, h / np.log(n), np.nan)
+  L, H = h.shape[1:]
+  out = {"layers": L, "heads": H, "entropy_mean": h.mean(0).tolist(),
+         "normalized_entropy_mean": np.nanmean(hn, 0).tolist() if np.isfinite(hn).any() else None,
+         "alignment": None, "layer_average_alignment": None}
+  if align.get("heads"):
+    w = _pad_concat(align["heads"])  # [N, L, H, Tt, Ts]
+    g = _pad_concat(align["gold"])
+    tl, sl = np.concatenate(align["tl"]), np.concatenate(align["sl"])
+    out["alignment"] = [[alignment_report(w[:, l, k], g, tl, sl) for k in range(H)]
+                        for l in range(L)]
+    out["layer_average_alignment"] = [alignment_report(w[:, l].mean(1), g, tl, sl)
+                                      for l in range(L)]
+  return out
 
 
 # ----------------------------------------------------------------------------- outputs
 
 PLOTS = ("diagnose_entropy.png", "diagnose_tau.png", "diagnose_counterfactual.png")
+HEADS_PLOT = "diagnose_heads.png"  # multi-head models only
 
 
 def format_table(report) -> str:
@@ -536,6 +577,25 @@ def format_table(report) -> str:
                    f"{kt['median']:.3f} over {kt['n_steps']} steps"
                    + (f", top-1 agreement {sec['top1_agreement']:.3f}"
                       if "top1_agreement" in sec else ""))
+  heads = report.get("heads")
+  if heads:
+    lines += ["", "per layer and head (greedy output: mean entropy in nats"
+              + ("; teacher-forced on the reference: attention on gold, and on gold one target "
+                 "position back" if heads["alignment"] else "") + "):"]
+    for l in range(heads["layers"]):
+      cells = []
+      for k in range(heads["heads"]):
+        cell = f"h{k + 1} {heads['entropy_mean'][l][k]:.2f}"
+        if heads["alignment"]:
+          a = heads["alignment"][l][k]
+          back = a["shifted"].get("target-1")
+          cell += f" / {a['attention_on_gold']:.2f}" + (
+              f" / {back['attention_on_gold']:.2f}" if back else "")
+        cells.append(cell)
+      if heads["layer_average_alignment"]:
+        avg = heads["layer_average_alignment"][l]
+        cells.append(f"average: AER {avg['aer']:.3f}, on gold {avg['attention_on_gold']:.3f}")
+      lines.append(f"  layer {l + 1}: " + "; ".join(cells))
   lines += ["", "| intervention | mean TV | median TV | mean JS (nats) | argmax flips |",
             "|---|---|---|---|---|"]
   for name, r in report["counterfactual"].items():
@@ -545,7 +605,8 @@ def format_table(report) -> str:
 
 
 def plot(diag: Diagnosis, directory) -> list[str]:
-  """Writes the three PLOTS into `directory`; returns their paths."""
+  """Writes the three PLOTS (and HEADS_PLOT for a multi-head model) into `directory`; returns
+  their paths."""
   from attn import viz  # pylint: disable=import-outside-toplevel
   plt = viz.pyplot()
   s, r = diag.steps, diag.report
@@ -596,7 +657,34 @@ def plot(diag: Diagnosis, directory) -> list[str]:
   fig.tight_layout()
   fig.savefig(paths[2], dpi=110)
   plt.close(fig)
+  if r.get("heads"):
+    paths.append(_plot_heads(plt, r["heads"], title, os.path.join(directory, HEADS_PLOT)))
   return paths
+
+
+def _plot_heads(plt, heads, title, path) -> str:
+  """Layer x head maps: normalized entropy, and attention on gold where gold links exist."""
+  panels = [("entropy / log(n valid)", heads["normalized_entropy_mean"] or heads["entropy_mean"])]
+  if heads["alignment"]:
+    panels.append(("attention on gold", [[a["attention_on_gold"] for a in row]
+                                          for row in heads["alignment"]]))
+  L, H = heads["layers"], heads["heads"]
+  fig, axes = plt.subplots(1, len(panels), figsize=(1.2 + 1.1 * H * len(panels), 1.2 + 0.7 * L),
+                           squeeze=False)
+  for ax, (name, grid) in zip(axes[0], panels):
+    grid = np.asarray(grid, np.float64)
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for (l, k), v in np.ndenumerate(grid):
+      ax.text(k, l, f"{v:.2f}", ha="center", va="center", fontsize=7,
+              color="white" if v < 0.6 else "black")
+    ax.set_xticks(range(H), [f"h{k + 1}" for k in range(H)])
+    ax.set_yticks(range(L), [f"layer {l + 1}" for l in range(L)])
+    ax.set_title(f"{title}: {name}", fontsize=8)
+    fig.colorbar(im, ax=ax, fraction=0.05)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def write(diag: Diagnosis, directory) -> str:

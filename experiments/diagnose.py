@@ -7,7 +7,9 @@ Loads the best checkpoint of a finished run (experiments/translate.py), greedy-d
 AER / attention-on-gold and their one-position-shifted readings on built-in tasks, Kendall tau
 between the attention and gradient x input, the counterfactual interventions permute / uniform /
 zero_top) and diagnose_entropy.png, diagnose_tau.png, diagnose_counterfactual.png; prints a short
-table. See attn/diagnosis.py for the definitions. A workdir that is not a finished run, or a run
+table. A Transformer run also gets entropy and the gold-alignment scores per layer and head
+(diagnose.json "heads", diagnose_heads.png); its counterfactuals replace the cross-attention of
+every layer and head at one output step. See attn/diagnosis.py for the definitions. A workdir that is not a finished run, or a run
 without attention (decoder=none), exits with status 2 and one `error:` line.
 """
 
@@ -38,7 +40,8 @@ def main(argv):
                             seed=FLAGS.seed, ig_steps=FLAGS.ig_steps)
   path = diagnosis.write(diag, FLAGS.workdir)
   print(diagnosis.format_table(diag.report))
-  print(f"\nwrote {path} and {', '.join(diagnosis.PLOTS)}")
+  plots = diagnosis.PLOTS + ((diagnosis.HEADS_PLOT,) if diag.report.get("heads") else ())
+  print(f"\nwrote {path} and {', '.join(plots)}")
 
 
 if __name__ == "__main__":

@@ -347,3 +347,109 @@ def test_a_fused_model_is_diagnosed_through_its_unfused_twin():
   logits_twin, att_twin = twin.attention(batch)
   np.testing.assert_allclose(logits_twin, logits, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(att_twin.weights.sum(-1), 1.0, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the Transformer
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+  """An untrained Transformer (2 decoder layers x 2 heads, dot score) and a padded batch."""
+  mc = ModelConfig(src_vocab=11, tgt_vocab=13, arch="transformer", d_model=8, num_heads=2,
+                   d_ff=12, enc_layers=1, dec_layers=2, dropout=0.0, max_src_len=8,
+                   max_tgt_len=8)
+  batch = {"src": jnp.array([[4, 5, 6, 7, 8, 2], [9, 4, 2, 0, 0, 0]]),
+           "src_lengths": jnp.array([6, 3]),
+           "tgt": jnp.array([[8, 7, 6, 5, 2], [4, 9, 2, 0, 0]]),
+           "tgt_lengths": jnp.array([5, 3])}
+  return build_model(mc, seed=3), batch
+
+
+def test_transformer_counterfactual_identity_is_the_real_path(tiny_transformer):
+  model, batch = tiny_transformer
+  logits, logits_cf, att = model.counterfactual(batch, diagnosis.get_intervention("identity"))
+  ref_logits, ref_att = model.attention(batch)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(logits_cf, logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(att.heads, ref_att.heads, atol=1e-7)
+
+
+def test_transformer_uniform_counterfactual_is_a_model_whose_queries_see_nothing(
+    tiny_transformer):
+  """A dot score of a zero query is 0 for every key: softmax gives the uniform weights. With
+  every cross-attention query projection zeroed, step 0 (whose prefix is empty, so no other step
+  can reach it) must equal the `uniform` counterfactual of step 0 in every layer and head; later
+  steps differ (their prefix keeps its real attention in the counterfactual)."""
+  model, batch = tiny_transformer
+  logits, logits_cf, _ = model.counterfactual(batch, diagnosis.get_intervention("uniform"))
+  graphdef, state = nnx.split(model)
+  blind = nnx.merge(graphdef, state)
+  for layer in blind.decoder.layers:
+    layer.cross.params["wq"][...] = jnp.zeros_like(layer.cross.params["wq"][...])
+  blind_logits, blind_att = blind.attention(batch)
+  valid = np.arange(6)[None] < np.asarray(batch["src_lengths"])[:, None]
+  np.testing.assert_allclose(np.asarray(blind_att.heads)[:, :, :, 0],
+                             np.broadcast_to((valid / valid.sum(1, keepdims=True))[:, None, None],
+                                             (2, 2, 2, 6)), atol=1e-6)
+  np.testing.assert_allclose(logits_cf[:, 0], blind_logits[:, 0], rtol=1e-5, atol=1e-5)
+  assert not np.allclose(logits_cf[:, 0], logits[:, 0], atol=1e-3)
+  assert not np.allclose(logits_cf[0, 3], blind_logits[0, 3], atol=1e-3)
+
+
+def test_transformer_gradient_x_input_matches_finite_differences(tiny_transformer):
+  model, batch = tiny_transformer
+  gxi = np.asarray(_jit_on_model(diagnosis.gradient_x_input, model, batch))  # [B, Tt, Ts]
+  x = model.encoder.embed(batch["src"])
+  graphdef, state = nnx.split(model)
+  log_probs = jax.jit(lambda state, off: diagnosis._token_log_probs(
+      nnx.merge(graphdef, state), batch, off))
+  lp = lambda off: np.asarray(log_probs(state, off), np.float64)
+  eps = 1e-2
+  for b, s in [(0, 1), (0, 4), (1, 2)]:
+    d = jnp.zeros_like(x).at[b, s].set(x[b, s])
+    fd = (lp(eps * d) - lp(-eps * d)) / (2 * eps)
+    np.testing.assert_allclose(gxi[b, :, s], fd[b], rtol=2e-2, atol=2e-4, err_msg=f"{b},{s}")
+
+
+def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_workdir):
+  wd = smoke_transformer_workdir
+  proc = subprocess.run([sys.executable, "-m", "experiments.diagnose", f"--workdir={wd}",
+                         "--max_examples=8"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "layer 2:" in proc.stdout and "| permute |" in proc.stdout
+  for name in diagnosis.PLOTS + (diagnosis.HEADS_PLOT,):
+    assert os.path.getsize(os.path.join(wd, name)) > 1000, name
+  with open(os.path.join(wd, "diagnose.json")) as f:
+    r = json.load(f)
+  assert r["model"]["decoder"] == "transformer" and r["n_examples"] == 8
+  h = r["heads"]
+  assert (h["layers"], h["heads"]) == (2, 2)
+  ent = np.array(h["entropy_mean"])
+  assert ent.shape == (2, 2) and (ent >= 0).all()
+  assert (ent <= r["entropy"]["uniform_mean"] + 1e-6).all()
+  # The layer average of the last layer is what the run-level alignment reads.
+  last = h["layer_average_alignment"][-1]
+  assert last["aer"] == pytest.approx(r["alignment"]["aer"], abs=1e-6)
+  assert last["attention_on_gold"] == pytest.approx(r["alignment"]["attention_on_gold"], abs=1e-6)
+  # Per head: the gold-alignment scores of that head's own teacher-forced weights.
+  from attn import metrics  # pylint: disable=import-outside-toplevel
+  run = training.load_run(wd)
+  w, gold, tl, sl = [], [], [], []
+  n = 0
+  for batch in run.bundle.batches("test"):
+    keep = (batch["example_id"] >= 0) & (np.cumsum(batch["example_id"] >= 0) <= 8 - n)
+    n += int(keep.sum())
+    att = run.model.attention({k: jnp.asarray(batch[k]) for k in
+                               ("src", "src_lengths", "tgt", "tgt_lengths")})[1]
+    w.append(np.asarray(att.heads)[keep])
+    gold.append(batch["alignments"][keep])
+    tl.append(batch["tgt_lengths"][keep])
+    sl.append(batch["src_lengths"][keep])
+    if n >= 8:
+      break
+  w, gold, tl, sl = map(np.concatenate, (w, gold, tl, sl))
+  for l in range(2):
+    for k in range(2):
+      want = metrics.attention_on_gold(w[:, l, k], gold, tl, sl)
+      assert h["alignment"][l][k]["attention_on_gold"] == pytest.approx(want, abs=1e-6)
+  assert r["counterfactual"]["uniform"]["n_steps"] == r["n_steps"]
