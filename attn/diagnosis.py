@@ -317,8 +317,9 @@ def analyze_batch(graphdef, params, batch, key, *, interventions=DEFAULT_INTERVE
   weights [B, Tt, Ts], entropy [B, Tt], gxi [B, Tt, Ts], tau [B, Tt] (attention vs |gxi|),
   top1_agree [B, Tt] (same argmax), and per intervention name `{name}/tv`, `{name}/js`,
   `{name}/flip` [B, Tt]; with ig_steps > 0 also ig [B, Tt, Ts] and tau_ig [B, Tt]; for a
-  multi-head model also head_entropy [B, Tt, L, H]. Jit it with graphdef, interventions and
-  ig_steps static.
+  multi-head model also head_entropy [B, Tt, L, H] and, with more than one decoder layer, each
+  intervention in one layer alone, `{name}/layer{l}/tv` and `{name}/layer{l}/flip` [B, Tt].
+  Jit it with graphdef, interventions and ig_steps static.
   """
   model = nnx.merge(graphdef, params)
   _, att = model.attention(batch)
@@ -339,6 +340,13 @@ def analyze_batch(graphdef, params, batch, key, *, interventions=DEFAULT_INTERVE
     real, cf, _ = model.counterfactual(batch, fn)
     tv, js, flip = output_divergences(real, cf)
     out.update({f"{name}/tv": tv, f"{name}/js": js, f"{name}/flip": flip})
+  L = 0 if att.heads is None else att.heads.shape[1]
+  for layer in range(L if L > 1 else 0):  # which layer's reading the output depends on
+    for i, name in enumerate(interventions):
+      fn = get_intervention(name, jax.random.fold_in(key, i))
+      real, cf, _ = model.counterfactual(batch, fn, layers=(layer,))
+      tv, _, flip = output_divergences(real, cf)
+      out.update({f"{name}/layer{layer}/tv": tv, f"{name}/layer{layer}/flip": flip})
   return out
 
 
@@ -470,7 +478,7 @@ def diagnose(run, *, split="test", max_examples=200, seed=0,
   if align["w"]:
     report["alignment"] = _alignment_pooled(align)
   if "head_entropy" in steps:
-    report["heads"] = _heads_report(steps, align)
+    report["heads"] = _heads_report(steps, align, interventions)
   return Diagnosis(report, steps)
 
 
@@ -524,10 +532,11 @@ def _alignment_pooled(align) -> dict:
                           np.concatenate(align["tl"]), np.concatenate(align["sl"]))
 
 
-def _heads_report(steps, align) -> dict:
+def _heads_report(steps, align, interventions) -> dict:
   """Per layer and head (nested lists [L][H]): mean entropy and entropy / log(n valid) over
   the greedy output's steps, and, with gold alignments, each head's and each layer's head
-  average's `alignment_report` teacher-forced along the reference."""
+  average's `alignment_report` teacher-forced along the reference; per layer (more than one),
+  each intervention applied in that layer alone: mean TV and argmax flip rate."""
   h = steps["head_entropy"]  # [N, L, H]
   n = steps["n_src"].astype(np.float64)[:, None, None]
   with np.errstate(divide="ignore", invalid="ignore"):
@@ -535,7 +544,13 @@ def _heads_report(steps, align) -> dict:
   L, H = h.shape[1:]
   out = {"layers": L, "heads": H, "entropy_mean": h.mean(0).tolist(),
          "normalized_entropy_mean": np.nanmean(hn, 0).tolist() if np.isfinite(hn).any() else None,
-         "alignment": None, "layer_average_alignment": None}
+         "alignment": None, "layer_average_alignment": None,
+         "counterfactual_by_layer": None}
+  if any(f"{name}/layer0/tv" in steps for name in interventions):
+    out["counterfactual_by_layer"] = {
+        name: [{"tv_mean": float(steps[f"{name}/layer{l}/tv"].mean()),
+                "flip_rate": float(steps[f"{name}/layer{l}/flip"].mean())} for l in range(L)]
+        for name in interventions}
   if align.get("heads"):
     w = _pad_concat(align["heads"])  # [N, L, H, Tt, Ts]
     g = _pad_concat(align["gold"])
@@ -596,6 +611,9 @@ def format_table(report) -> str:
         avg = heads["layer_average_alignment"][l]
         cells.append(f"average: AER {avg['aer']:.3f}, on gold {avg['attention_on_gold']:.3f}")
       lines.append(f"  layer {l + 1}: " + "; ".join(cells))
+    for name, rows in (heads["counterfactual_by_layer"] or {}).items():
+      lines.append(f"  {name} in one layer alone, mean TV (flips): " + ", ".join(
+          f"layer {l + 1} {r['tv_mean']:.3f} ({r['flip_rate']:.3f})" for l, r in enumerate(rows)))
   lines += ["", "| intervention | mean TV | median TV | mean JS (nats) | argmax flips |",
             "|---|---|---|---|---|"]
   for name, r in report["counterfactual"].items():

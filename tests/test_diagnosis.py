@@ -381,8 +381,7 @@ def test_transformer_uniform_counterfactual_is_a_model_whose_queries_see_nothing
   steps differ (their prefix keeps its real attention in the counterfactual)."""
   model, batch = tiny_transformer
   logits, logits_cf, _ = model.counterfactual(batch, diagnosis.get_intervention("uniform"))
-  graphdef, state = nnx.split(model)
-  blind = nnx.merge(graphdef, state)
+  blind = nnx.clone(model)  # a copy: merge(split(model)) would share the model's Variables
   for layer in blind.decoder.layers:
     layer.cross.params["wq"][...] = jnp.zeros_like(layer.cross.params["wq"][...])
   blind_logits, blind_att = blind.attention(batch)
@@ -453,3 +452,23 @@ def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_wor
       want = metrics.attention_on_gold(w[:, l, k], gold, tl, sl)
       assert h["alignment"][l][k]["attention_on_gold"] == pytest.approx(want, abs=1e-6)
   assert r["counterfactual"]["uniform"]["n_steps"] == r["n_steps"]
+  by_layer = h["counterfactual_by_layer"]
+  assert set(by_layer) == {"permute", "uniform", "zero_top"}
+  assert all(len(rows) == 2 and all(0 <= x["tv_mean"] <= 1 and 0 <= x["flip_rate"] <= 1
+                                    for x in rows) for rows in by_layer.values())
+
+
+def test_transformer_counterfactual_in_one_layer_leaves_the_others_alone(tiny_transformer):
+  """Intervening in layer 0 and layer 1 separately differs from intervening in both; naming
+  every layer is the default; a layer index out of range is refused."""
+  model, batch = tiny_transformer
+  fn = diagnosis.get_intervention("uniform")
+  _, both, _ = model.counterfactual(batch, fn)
+  _, named, _ = model.counterfactual(batch, fn, layers=(0, 1))
+  _, first, _ = model.counterfactual(batch, fn, layers=(0,))
+  _, last, _ = model.counterfactual(batch, fn, layers=(-1,))
+  np.testing.assert_array_equal(named, both)
+  assert not np.allclose(first, both, atol=1e-4) and not np.allclose(last, both, atol=1e-4)
+  assert not np.allclose(first, last, atol=1e-4)
+  with pytest.raises(IndexError):
+    model.counterfactual(batch, fn, layers=(2,))

@@ -508,11 +508,11 @@ class Transformer(nnx.Module):
       return logits, None
     return logits, StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
 
-  def counterfactual(self, batch, intervene):
+  def counterfactual(self, batch, intervene, layers=None):
     """Teacher-forced logits along batch["tgt"], and the logits each step t would have had
-    with its cross-attention, in every layer and head, replaced by
-    `intervene(weights [B, H, 1, Ts], mask [B, H, 1, Ts] bool, draw)` while every other step
-    keeps its real attention. Causal self-attention keeps the steps before t blind to the
+    with its cross-attention, in every head of the decoder layers `layers` (indices; None =
+    all), replaced by `intervene(weights [B, H, 1, Ts], mask [B, H, 1, Ts] bool, draw)` while
+    every other step and layer keeps its real attention. Causal self-attention keeps the steps before t blind to the
     change, so, as for the recurrent decoders (Jain & Wallace 2019), each step's effect is
     measured alone with the prefix attending as it did. One decoder pass per step (lax.map),
     the encoder once; draw = t * L + layer, a distinct random draw per step and layer.
@@ -524,10 +524,13 @@ class Transformer(nnx.Module):
       raise ValueError("model.cross forms no attention weights (fused or linear): there is "
                        "nothing to intervene on; rebuild the model with model.fused=False")
     L, Ts = len(self.decoder.layers), memory.shape[1]
+    chosen = range(L) if layers is None else [range(L)[i] for i in layers]  # IndexError if bad
     valid = (jnp.arange(Ts)[None, :] < batch["src_lengths"][:, None])[:, None, None, :]
 
     def at_step(t):
       def reweigh(w, layer):  # w: [B, H, Tt, Ts]; only row t changes
+        if layer not in chosen:
+          return w
         row = jax.lax.dynamic_slice_in_dim(w, t, 1, axis=2)
         new = intervene(row, jnp.broadcast_to(valid, row.shape), t * L + layer)
         return jax.lax.dynamic_update_slice_in_dim(w, new.astype(w.dtype), t, axis=2)
