@@ -681,26 +681,35 @@ def plot(diag: Diagnosis, directory) -> list[str]:
 
 
 def _plot_heads(plt, heads, title, path) -> str:
-  """Layer x head maps: normalized entropy, and attention on gold where gold links exist."""
-  panels = [("entropy / log(n valid)", heads["normalized_entropy_mean"] or heads["entropy_mean"])]
+  """Layer x head maps (normalized entropy; attention on gold where gold links exist) and a
+  layer x intervention map of argmax flips with the intervention in that layer alone."""
+  L, H = heads["layers"], heads["heads"]
+  head_names = [f"h{k + 1}" for k in range(H)]
+  panels = [("entropy / log(n valid)", heads["normalized_entropy_mean"] or heads["entropy_mean"],
+             head_names)]
   if heads["alignment"]:
     panels.append(("attention on gold", [[a["attention_on_gold"] for a in row]
-                                          for row in heads["alignment"]]))
-  L, H = heads["layers"], heads["heads"]
-  fig, axes = plt.subplots(1, len(panels), figsize=(1.2 + 1.1 * H * len(panels), 1.2 + 0.7 * L),
-                           squeeze=False)
-  for ax, (name, grid) in zip(axes[0], panels):
+                                          for row in heads["alignment"]], head_names))
+  by_layer = heads["counterfactual_by_layer"]
+  if by_layer:
+    panels.append(("flips, this layer alone", [[by_layer[n][l]["flip_rate"] for n in by_layer]
+                                               for l in range(L)], list(by_layer)))
+  widths = [len(p[2]) for p in panels]
+  fig, axes = plt.subplots(1, len(panels), figsize=(1.5 + 1.1 * sum(widths) + 0.8 * len(panels),
+                                                    1.2 + 0.7 * L),
+                           squeeze=False, gridspec_kw={"width_ratios": widths})
+  for ax, (name, grid, xlabels) in zip(axes[0], panels):
     grid = np.asarray(grid, np.float64)
     im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for (l, k), v in np.ndenumerate(grid):
       ax.text(k, l, f"{v:.2f}", ha="center", va="center", fontsize=7,
               color="white" if v < 0.6 else "black")
-    ax.set_xticks(range(H), [f"h{k + 1}" for k in range(H)])
+    ax.set_xticks(range(len(xlabels)), xlabels, fontsize=7)
     ax.set_yticks(range(L), [f"layer {l + 1}" for l in range(L)])
-    ax.set_title(f"{title}: {name}", fontsize=8)
-    fig.colorbar(im, ax=ax, fraction=0.05)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+    ax.set_title(name, fontsize=8)
+  fig.colorbar(im, ax=axes[0].tolist(), fraction=0.03)
+  fig.suptitle(title, fontsize=9, y=1.04)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return path
 
