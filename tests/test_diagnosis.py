@@ -409,17 +409,16 @@ def test_transformer_gradient_x_input_matches_finite_differences(tiny_transforme
     np.testing.assert_allclose(gxi[b, :, s], fd[b], rtol=2e-2, atol=2e-4, err_msg=f"{b},{s}")
 
 
-def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_workdir):
+def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_workdir, tmp_path):
   wd = smoke_transformer_workdir
-  proc = subprocess.run([sys.executable, "-m", "experiments.diagnose", f"--workdir={wd}",
-                         "--max_examples=8"], cwd=REPO, capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "layer 2:" in proc.stdout and "| permute |" in proc.stdout
-  for name in diagnosis.PLOTS + (diagnosis.HEADS_PLOT,):
-    assert os.path.getsize(os.path.join(wd, name)) > 1000, name
-  with open(os.path.join(wd, "diagnose.json")) as f:
+  run = training.load_run(wd)
+  d = diagnosis.diagnose(run, max_examples=8)  # the entry point's steps, in process
+  with open(diagnosis.write(d, str(tmp_path))) as f:
     r = json.load(f)
+  for name in diagnosis.PLOTS + (diagnosis.HEADS_PLOT,):
+    assert os.path.getsize(os.path.join(tmp_path, name)) > 1000, name
+  table = diagnosis.format_table(r)
+  assert "layer 2:" in table and "zero_top in one layer alone" in table
   assert r["model"]["decoder"] == "transformer" and r["n_examples"] == 8
   h = r["heads"]
   assert (h["layers"], h["heads"]) == (2, 2)
@@ -432,7 +431,6 @@ def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_wor
   assert last["attention_on_gold"] == pytest.approx(r["alignment"]["attention_on_gold"], abs=1e-6)
   # Per head: the gold-alignment scores of that head's own teacher-forced weights.
   from attn import metrics  # pylint: disable=import-outside-toplevel
-  run = training.load_run(wd)
   w, gold, tl, sl = [], [], [], []
   n = 0
   for batch in run.bundle.batches("test"):

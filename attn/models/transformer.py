@@ -407,6 +407,12 @@ def alignment(heads):
   return jnp.mean(heads[:, ALIGNMENT_LAYER], axis=1)
 
 
+def _step_attention(att: HeadAttention) -> StepAttention:
+  """Every layer's teacher-forced cross-attention [B, L, H, Tt, Ts] as the StepAttention the
+  tasks read: weights = `alignment`, heads and the scores behind them kept whole."""
+  return StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
+
+
 def _cache_overrun(cache_len):
   raise ValueError(
       f"Transformer decoding ran past its key/value cache of {cache_len} positions: pass "
@@ -504,17 +510,15 @@ class Transformer(nnx.Module):
     memory = self.encoder(batch["src"], batch["src_lengths"], dropout_key=k_enc,
                           embed_offset=embed_offset)
     logits, att = self.decoder(memory, batch["src_lengths"], shift_right(batch["tgt"]), k_dec)
-    if att is None:
-      return logits, None
-    return logits, StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
+    return logits, None if att is None else _step_attention(att)
 
   def counterfactual(self, batch, intervene, layers=None):
     """Teacher-forced logits along batch["tgt"], and the logits each step t would have had
     with its cross-attention, in every head of the decoder layers `layers` (indices; None =
     all), replaced by `intervene(weights [B, H, 1, Ts], mask [B, H, 1, Ts] bool, draw)` while
-    every other step and layer keeps its real attention. Causal self-attention keeps the steps before t blind to the
-    change, so, as for the recurrent decoders (Jain & Wallace 2019), each step's effect is
-    measured alone with the prefix attending as it did. One decoder pass per step (lax.map),
+    every other step and layer keeps its real attention. Causal self-attention keeps the steps
+    before t blind to the change, so, as for the recurrent decoders (Jain & Wallace 2019), each
+    step's effect is measured alone with the prefix attending as it did. One decoder pass per step (lax.map),
     the encoder once; draw = t * L + layer, a distinct random draw per step and layer.
     Returns (logits, logits_cf [B, Tt, V] float32, StepAttention as `attention`)."""
     memory = self.encoder(batch["src"], batch["src_lengths"])
@@ -539,8 +543,7 @@ class Transformer(nnx.Module):
       return jax.lax.dynamic_index_in_dim(cf, t, axis=1, keepdims=False)  # [B, V]
 
     cf = jax.lax.map(at_step, jnp.arange(tgt_in.shape[1]))  # [Tt, B, V]
-    step_att = StepAttention(alignment(att.weights), scores=att.scores, heads=att.weights)
-    return logits, jnp.swapaxes(cf, 0, 1), step_att
+    return logits, jnp.swapaxes(cf, 0, 1), _step_attention(att)
 
   def initial_decode_state(self, src, src_lengths, src_ext=None, *, max_len=None):
     """The decoding state (every leaf [B, ...]): the step count t, the source lengths and per
