@@ -299,8 +299,7 @@ class DecoderLayer(nnx.Module):
     out, _ = self.self_attn(self.self_attn.queries(h, positions), kp, v, q_pos=positions,
                             k_pos=positions, causal=True, fused=self.self_attn.fused)
     y = y + dropout(out, self.rate, keys[0])
-    fused = self.cross.fused and reweigh is None
-    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], fused, reweigh)
+    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], self.cross.fused, reweigh)
 
   def step(self, y, cache, t, src_lengths):
     """One decoding step. y: [B, 1, d]; cache: {"k", "v": [B, H, C, dh'], "cross_k",

@@ -201,7 +201,7 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
   v = run.mc.variant
   multi = bool(sample) and all(i in hyps.heads for i in sample)
   weights = hyps.heads if multi else hyps.weights
-  with_scores = all(i in hyps.scores and hyps.scores[i].shape == weights[i].shape and renormalizes(
+  with_scores = all(i in hyps.scores and renormalizes(
       weights[i], hyps.scores[i], v["normalizer"], v["temperature"]) for i in sample)
   if run.mc.has_attention and hyps.scores and not with_scores:
     log.warning("attention.npz: the weights are not normalizer(scores / temperature) for this "
