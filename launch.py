@@ -67,7 +67,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from attn import viz
+from attn.inspection import plots as viz
 from attn.errors import AttnError, ConfigError
 from attn.training.results import results_table
 from experiments import cli, launchers

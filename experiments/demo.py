@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 import attn
-from attn import viz
+from attn.inspection import plots
 
 FLAGS = flags.FLAGS
 
@@ -111,7 +111,7 @@ def run_demo(workdir, *, scores, normalizers, steps, num_keys, dim, noise, seed)
 
 
 def _plot(heat, scores, normalizers, path):
-  plt = viz.pyplot()
+  plt = plots.pyplot()
   fig, axes = plt.subplots(len(scores), len(normalizers), squeeze=False,
                            figsize=(2.6 * len(normalizers), 1.6 * len(scores)))
   for i, s in enumerate(scores):

@@ -9,7 +9,7 @@ between the attention and gradient x input, the counterfactual interventions per
 zero_top) and diagnose_entropy.png, diagnose_tau.png, diagnose_counterfactual.png; prints a short
 table. A Transformer run also gets entropy and the gold-alignment scores per layer and head
 (diagnose.json "heads", diagnose_heads.png); its counterfactuals replace the cross-attention of
-every layer and head at one output step, and then of each layer alone. See attn/diagnosis.py for the definitions. A workdir that is not a finished run, or a run
+every layer and head at one output step, and then of each layer alone. See attn/inspection/diagnosis.py for the definitions. A workdir that is not a finished run, or a run
 without attention (decoder=none), exits with status 2 and one `error:` line.
 """
 
@@ -34,7 +34,8 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn import diagnosis, training
+  from attn import training
+  from attn.inspection import diagnosis
   run = training.load_run(FLAGS.workdir, task="translate")
   diag = diagnosis.diagnose(run, split=FLAGS.split, max_examples=FLAGS.max_examples,
                             seed=FLAGS.seed, ig_steps=FLAGS.ig_steps)

@@ -40,7 +40,8 @@ def define_flags():
 
 def config_from_flags():
   """The FocusConfig the flags describe; bad values raise ConfigError (one line at the CLI)."""
-  from attn import focus, stories  # pylint: disable=import-outside-toplevel
+  from attn.inspection import focus
+  from attn.inspection import stories  # pylint: disable=import-outside-toplevel
   from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel
   temperatures = []
   for t in FLAGS.temperatures:
@@ -62,7 +63,7 @@ def config_from_flags():
 
 def main(argv):
   del argv
-  from attn import focus  # pylint: disable=import-outside-toplevel  (after flag parsing)
+  from attn.inspection import focus  # pylint: disable=import-outside-toplevel  (after flag parsing)
   cfg = config_from_flags()
   page = focus.inline_page(WEB_DIR)
   if not FLAGS.serve_only:

@@ -30,7 +30,7 @@ def define_flags():
 
 def main(argv):
   del argv
-  from attn import inspect_page  # pylint: disable=import-outside-toplevel  (after flag parsing)
+  from attn.inspection import viewer as inspect_page  # pylint: disable=import-outside-toplevel  (after flag parsing)
   path = inspect_page.write_page(FLAGS.workdir, WEB_DIR, compare=FLAGS.compare, out=FLAGS.out)
   print(f"wrote {path}")
   if FLAGS.port is None:

@@ -10,7 +10,7 @@ FLOPs: dot forward 4·B·H·Tq·Tk·d; additive forward B·H·Tq·Tk·(2·d_attn
 the dot stages); both halved when causal; backward 2.5x forward, so fwd_bwd is 3.5x forward.
 The matmul peak is a square matmul in the benchmark's dtype timed in the same run.
 Imports nothing beyond jax, numpy and the kernels (and, lazily for the plot, matplotlib through
-`attn.viz`, which needs no data extras), so it runs on the GPU machine.
+`attn.inspection.plots`, which needs no data extras), so it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import viz
+from attn.inspection import plots
 from kernels import BlockSizes
 from kernels import additive as _additive
 from kernels import flash_attention as _flash
@@ -409,7 +409,7 @@ def write_outputs(result: dict, cfg: BenchConfig, command: str = "") -> list[str
   written = [stem + ".csv", stem + ".md"]
   if cfg.plot and any(r["tflops"] for r in rows):
     try:
-      plt = viz.pyplot()
+      plt = plots.pyplot()
     except ImportError:  # matplotlib absent: the CSV and markdown still stand
       return written
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -70,7 +70,7 @@ import optax
 from absl import flags
 from flax import nnx
 
-from attn import viz
+from attn.inspection import plots
 from attn.errors import ConfigError
 from attn.models.config import AttentionRole, ModelConfig
 from attn.models.params import values
@@ -517,7 +517,7 @@ def machine() -> dict:
 def plot(s: Settings, cost, quality, path: str):
   """Three panels against T (log x): step time, peak memory (encoder solid, attention layer
   dashed) and recall accuracy, one colour per variant."""
-  plt = viz.pyplot()
+  plt = plots.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
   colours = {v: plt.cm.tab10(i) for i, v in enumerate(VARIANTS)}
   for v in s.variants:

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import decode
-from attn.tokens import BOS, EOS, PAD
+from attn.decoding import search as decode
+from attn.data.tokens import BOS, EOS, PAD
 
 V, TS = 5, 3                 # vocabulary (PAD, BOS, EOS, 3, 4), source length of the toy weights
 BASE = V + 1                 # code digits y + 1 in 1..V: distinct prefixes, distinct codes

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import decode
-from attn.tokens import BOS, EOS, PAD
+from attn.decoding import search
+from attn.data.tokens import BOS, EOS, PAD
 
 V, TS = 5, 3                 # vocabulary (PAD, BOS, EOS, 3, 4), source length
 BASE = V + 1                 # code digits y + 1 in 1..V: distinct prefixes, distinct codes
@@ -47,14 +47,14 @@ def code_init(ex):
 
 @functools.partial(jax.jit, static_argnames=("T", "min_len", "n"))
 def run_greedy(tables, ex, *, T, min_len=0, n=0):
-  return decode.greedy_decode(code_step(*tables), code_init(ex), ex.shape[0], T,
+  return search.greedy_decode(code_step(*tables), code_init(ex), ex.shape[0], T,
                               min_len=min_len, block_repeat_ngram=n)
 
 
 @functools.partial(jax.jit,
                    static_argnames=("T", "K", "alpha", "min_len", "n", "beta", "early_exit"))
 def run_beam(tables, ex, src_len, *, T, K, alpha=0.6, min_len=0, n=0, beta=0.0, early_exit=True):
-  return decode.beam_search(code_step(*tables), code_init(ex), ex.shape[0], T, beam_size=K,
+  return search.beam_search(code_step(*tables), code_init(ex), ex.shape[0], T, beam_size=K,
                             length_penalty=alpha, min_len=min_len, block_repeat_ngram=n,
                             coverage_penalty=beta, source_lengths=src_len,
                             early_exit=early_exit)
@@ -120,7 +120,7 @@ def has_repeated_ngram(tokens, n):
 def np_coverage_penalty(weights, src_len, beta):
   """float64 GNMT coverage penalty of one [T, Ts] attention history."""
   cov = np.asarray(weights, np.float64).sum(0)[:src_len]
-  return beta * np.log(np.clip(cov, decode.COVERAGE_FLOOR, 1.0)).sum()
+  return beta * np.log(np.clip(cov, search.COVERAGE_FLOOR, 1.0)).sum()
 
 
 def np_all_hypotheses(tables, ex, src_len, T, alpha, beta, min_len, n):
@@ -245,9 +245,9 @@ def markov_step(table):
 def run_markov(table, ex, *, T, K, min_len=0, n=0):
   init = {"ex": jnp.asarray(ex)}
   if K == 1:
-    return decode.greedy_decode(markov_step(table), init, ex.shape[0], T, min_len=min_len,
+    return search.greedy_decode(markov_step(table), init, ex.shape[0], T, min_len=min_len,
                                 block_repeat_ngram=n)
-  return decode.beam_search(markov_step(table), init, ex.shape[0], T, beam_size=K,
+  return search.beam_search(markov_step(table), init, ex.shape[0], T, beam_size=K,
                             min_len=min_len, block_repeat_ngram=n)
 
 
@@ -315,7 +315,7 @@ def run_coverage_case(logp, attn, src_len, *, beta):
   def step_fn(state, y_prev):
     return state, logp[y_prev], attn[y_prev]
   B = src_len.shape[0]
-  return decode.beam_search(step_fn, {"s": jnp.zeros((B,))}, B, 3, beam_size=3,
+  return search.beam_search(step_fn, {"s": jnp.zeros((B,))}, B, 3, beam_size=3,
                             length_penalty=0.0, coverage_penalty=beta, source_lengths=src_len)
 
 
@@ -350,14 +350,14 @@ def test_coverage_penalty_needs_source_lengths():
   logp, attn = coverage_case()
   step_fn = lambda s, y: (s, jnp.asarray(logp)[y], jnp.asarray(attn)[y])
   with pytest.raises(ValueError, match="source_lengths"):
-    decode.beam_search(step_fn, {"s": jnp.zeros((2,))}, 2, 3, beam_size=2, coverage_penalty=0.2)
+    search.beam_search(step_fn, {"s": jnp.zeros((2,))}, 2, 3, beam_size=2, coverage_penalty=0.2)
   with pytest.raises(ValueError, match="source_lengths"):
-    decode.beam_search(step_fn, {"s": jnp.zeros((2,))}, 2, 3, beam_size=2, coverage_penalty=0.2,
+    search.beam_search(step_fn, {"s": jnp.zeros((2,))}, 2, 3, beam_size=2, coverage_penalty=0.2,
                        source_lengths=jnp.ones((3,), jnp.int32))
   with pytest.raises(ValueError, match="min_len"):
-    decode.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3, min_len=4)
+    search.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3, min_len=4)
   with pytest.raises(ValueError, match="block_repeat_ngram"):
-    decode.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3, block_repeat_ngram=-1)
+    search.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3, block_repeat_ngram=-1)
 
 
 # ----------------------------------------------------------------------------- brute force
@@ -430,4 +430,4 @@ def test_early_exit_never_changes_the_result_with_coverage_and_constraints():
 def test_extras_must_be_a_dict_of_batch_vectors():
   step_fn = lambda s, y: (s, jnp.zeros((2, V)), jnp.zeros((2, TS)), {"p_gen": jnp.zeros((2, 1))})
   with pytest.raises(ValueError, match="p_gen"):
-    decode.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3)
+    search.greedy_decode(step_fn, {"s": jnp.zeros((2,))}, 2, 3)

@@ -1,4 +1,4 @@
-"""attn.diagnosis: the per-step measures against float64 numpy / scipy, the interventions'
+"""attn.inspection.diagnosis: the per-step measures against float64 numpy / scipy, the interventions'
 invariants, gradient x input against finite differences, and experiments.diagnose end to end
 on a trained smoke run."""
 
@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from attn import diagnosis, training
+from attn import training
+from attn.inspection import diagnosis
 from attn.models import ModelConfig, build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -430,7 +431,7 @@ def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_wor
   assert last["aer"] == pytest.approx(r["alignment"]["aer"], abs=1e-6)
   assert last["attention_on_gold"] == pytest.approx(r["alignment"]["attention_on_gold"], abs=1e-6)
   # Per head: the gold-alignment scores of that head's own teacher-forced weights.
-  from attn import metrics  # pylint: disable=import-outside-toplevel
+  from attn.evaluation import metrics  # pylint: disable=import-outside-toplevel
   w, gold, tl, sl = [], [], [], []
   n = 0
   for batch in run.bundle.batches("test"):

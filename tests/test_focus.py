@@ -12,10 +12,11 @@ import pytest
 from flax import nnx
 
 import attn
-from attn import focus, stories
+from attn.inspection import focus
+from attn.inspection import stories
 from attn.models import reader
 from attn.errors import ConfigError
-from attn.tokens import UNK
+from attn.data.tokens import UNK
 
 MIXED = stories.StoryConfig(object_questions=0.5, min_sentences=3, max_sentences=10)
 NORMALIZERS = attn.canonical_names("normalizer")

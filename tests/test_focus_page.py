@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from attn import focus, stories
+from attn.inspection import focus
+from attn.inspection import stories
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",

@@ -1,4 +1,4 @@
-"""The run viewer's data and page (attn/inspect_page.py, experiments/inspect.py) without a browser:
+"""The run viewer's data and page (attn/inspection/viewer.py, experiments/inspect.py) without a browser:
 reading a workdir, the errors for missing and mismatched files, and a self-contained page.
 tests/test_inspect_page.py drives the page itself in Chromium on the same synthetic runs."""
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from attn import core
-from attn import inspect_page
+from attn.inspection import viewer as inspect_page
 from attn.errors import DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

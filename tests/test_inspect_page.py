@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attn import core
-from attn import inspect_page
+from attn.inspection import viewer as inspect_page
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 from test_inspect import WEB_DIR, write_run
 

@@ -1,5 +1,6 @@
-"""The layering the README draws: primitives never import the application (models, data,
-training), kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
+"""The layering the README draws: attn/'s root holds the primitives only and they never import
+the application (its subpackages), kernels import nothing from attn, and the kernel benchmark runs
+with jax alone."""
 
 import ast
 import os
@@ -7,7 +8,20 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APPLICATION = ("attn.models", "attn.data", "attn.training")
+APPLICATION = ("attn.models", "attn.data", "attn.training", "attn.decoding", "attn.evaluation",
+               "attn.inspection", "attn.config")
+# The primitives: scores, normalizers, scopes, masks and what composes them; the error types.
+PRIMITIVES = {"__init__", "banded", "core", "errors", "linear", "masks", "multihead",
+              "normalizers", "precision", "registry", "scopes", "scores"}
+
+
+def test_the_package_root_holds_the_primitives_only():
+  root = os.path.join(REPO, "attn")
+  modules = {n[:-3] for n in os.listdir(root) if n.endswith(".py")}
+  assert modules == PRIMITIVES, sorted(modules ^ PRIMITIVES)
+  packages = {n for n in os.listdir(root)
+              if os.path.isfile(os.path.join(root, n, "__init__.py"))}
+  assert {f"attn.{p}" for p in packages} == set(APPLICATION), sorted(packages)
 
 
 def _imported_after(statement):
@@ -28,7 +42,9 @@ def test_kernels_and_their_benchmark_import_nothing_of_attn_but_plotting():
   loaded = _imported_after("import kernels")
   assert not [m for m in loaded if m == "attn" or m.startswith("attn.")], loaded
   loaded = _imported_after("import experiments.kernel_bench")
-  heavy = [m for m in loaded if m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
+  plotting = ("attn.inspection", "attn.inspection.plots")  # matplotlib only
+  heavy = [m for m in loaded if m not in plotting
+           and m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
   assert not heavy, heavy  # the GPU machine has jax but no data libraries
 
 

@@ -1,9 +1,9 @@
-"""attn.metrics on hand-computed cases and sacreBLEU's documented example."""
+"""attn.evaluation.metrics on hand-computed cases and sacreBLEU's documented example."""
 
 import numpy as np
 import pytest
 
-from attn import metrics
+from attn.evaluation import metrics
 
 # sacreBLEU's README (Python API section): two reference streams; BLEU = 48.53, chrF2 = 59.73.
 SYS = ["The dog bit the man.", "It wasn't surprising.", "The man had just bitten him."]

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from attn import data, metrics
+from attn import data
+from attn.evaluation import metrics
 from attn.data import corpora
 from attn.data.base import BOS, EOS, PAD, UNK
 from attn.data.config import DataConfig

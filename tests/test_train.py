@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import attn
-from attn import decode, training
+from attn import training
+from attn.decoding import search as decode
 from attn.models import build_model
 from experiments.configs import translate as translate_config
 

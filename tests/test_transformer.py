@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 import attn
-from attn import configurable
-from attn import decode as decode_lib
+from attn.config import configurable
+from attn.decoding import search as decode_lib
 from attn.errors import ConfigError
 from attn.models import (ModelConfig, build_model, count_params, positions, sequence_loss,
                          transformer)

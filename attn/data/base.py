@@ -1,4 +1,4 @@
-"""The data pipeline's constants (re-exported from attn.tokens / attn.errors) and its source registry of the data pipeline.
+"""The data pipeline's constants (re-exported from attn.data.tokens / attn.errors) and its source registry of the data pipeline.
 
 Nothing here imports tensorflow_datasets, grain or babel, so `from attn.data import base` is cheap.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from attn.errors import DataError  # noqa: F401  (re-exported)
-from attn.tokens import BOS, EOS, PAD, SPECIAL_TOKENS, UNK  # noqa: F401  (re-exported)
+from attn.data.tokens import BOS, EOS, PAD, SPECIAL_TOKENS, UNK  # noqa: F401  (re-exported)
 
 # Split roles. Config names the split of each role (`data.train_split` etc.); built-in tasks generate
 # the three roles directly.

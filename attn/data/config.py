@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from attn import configurable
-from attn.configurable import option
+from attn.config import configurable
+from attn.config.configurable import option
 from attn.data.base import DataError
 
 SHARED_DATA_ENV = "ATTN_SHARED_DATA"  # where ../shared/data lives, if not there

@@ -1,15 +1,16 @@
 """The one boundary from ml_collections config to model code: a frozen, validated dataclass.
 
 Every model setting and its default lives here; `experiments/configs/*.py` build their `model`
-section from this class (`attn.configurable.config_dict`) and presets only override it.
+section from this class (`attn.config.configurable.config_dict`) and presets only override it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from attn import configurable, registry
-from attn.configurable import option
+from attn import registry
+from attn.config import configurable
+from attn.config.configurable import option
 from attn.errors import ConfigError
 
 

@@ -33,7 +33,7 @@ from attn import registry
 from attn.models.encoder import dropout
 from attn.models.layers import linear
 from attn.models.params import as_params, values
-from attn.tokens import UNK
+from attn.data.tokens import UNK
 
 
 class StepAttention(NamedTuple):

@@ -33,7 +33,7 @@ from flax import nnx
 import attn
 from attn.errors import ConfigError
 from attn.models.params import as_params, values
-from attn.tokens import PAD, UNK
+from attn.data.tokens import PAD, UNK
 
 
 @dataclasses.dataclass(frozen=True)

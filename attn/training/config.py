@@ -8,8 +8,8 @@ import dataclasses
 import jax.numpy as jnp
 import optax
 
-from attn import configurable
-from attn.configurable import option
+from attn.config import configurable
+from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.precision import COMPUTE_DTYPES
 from attn.training import distributed

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn import metrics as metrics_lib
+from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
 from attn.training import distributed
 from attn.training import results as results_lib
@@ -256,9 +256,9 @@ def write_results(run, ckpt, role="test") -> dict:
                            "".join(hyps.text[i] + "\n" for i in ids))
     write_attention(run, role, hyps, sample)
   if primary and run.mc.has_attention and sample:
-    from attn import viz  # pylint: disable=import-outside-toplevel
+    from attn.inspection import plots  # pylint: disable=import-outside-toplevel
     i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
-    viz.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
+    plots.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
                 os.path.join(run.workdir, "attention.png"),
                 title=f"{run.mc.variant['decoder']}/{run.mc.variant['score']}: example {i}")
   results = {

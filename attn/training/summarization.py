@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import metrics as metrics_lib
+from attn.evaluation import metrics as metrics_lib
 from attn import registry
 from attn.errors import ConfigError
 from attn.models import copying, sequence_loss
-from attn.tokens import EOS, UNK
+from attn.data.tokens import EOS, UNK
 from attn.training.task import TranslationTask
 
 

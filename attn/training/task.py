@@ -11,15 +11,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-from attn import decode as decode_lib
-from attn import metrics as metrics_lib
+from attn.decoding import search as decode_lib
+from attn.evaluation import metrics as metrics_lib
 from attn import registry
 from attn.models import ModelConfig, build_model, match_param_count, sequence_loss
 
 
 @dataclasses.dataclass(frozen=True)
 class Search:
-  """How outputs are searched for (attn.decode): beam_size 1 is greedy. length_penalty: GNMT
+  """How outputs are searched for (attn.decoding.search): beam_size 1 is greedy. length_penalty: GNMT
   alpha; min_len: no EOS before this many tokens (EOS counted); block_repeat_ngram: n-gram
   blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only)."""
   beam_size: int = 1

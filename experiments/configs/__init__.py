@@ -3,7 +3,7 @@ dataclasses (attn.data.DataConfig, attn.models.ModelConfig, attn.training.TrainC
 
 import ml_collections
 
-from attn import configurable
+from attn.config import configurable
 from attn.data import config as data_config
 from attn.errors import ConfigError
 from attn.models.config import ModelConfig

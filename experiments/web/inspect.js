@@ -1,4 +1,4 @@
-// The run viewer (attn/inspect_page.py writes the page): pick an example, step through its output
+// The run viewer (attn/inspection/viewer.py writes the page): pick an example, step through its output
 // tokens, see the source shaded by that step's attention and the full heatmap; the focus slider
 // re-applies the run's normalizer to the raw scores at another temperature.
 //

@@ -13,7 +13,7 @@ of the actor; for object questions the *final* supporting fact, the holder's las
 pick-up is the other gold fact, kept in `supports`). Object questions are only asked about an
 object someone holds after having moved somewhere, so the answer is always well defined.
 
-Vocabulary: lowercased words, punctuation stripped, ids from attn.tokens (PAD = 0, UNK = 3); it is
+Vocabulary: lowercased words, punctuation stripped, ids from attn.data.tokens (PAD = 0, UNK = 3); it is
 built from the config's word lists (not from a sample), so train, test and typed stories share it.
 Answers index `config.places`.
 
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attn.errors import ConfigError
-from attn.tokens import PAD, SPECIAL_TOKENS, UNK
+from attn.data.tokens import PAD, SPECIAL_TOKENS, UNK
 
 KINDS = ("actor", "object")
 # bAbI's verbs: several surface forms per action, so the reader must learn that they mean the same.
@@ -96,7 +96,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 class Vocab:
-  """Word <-> id; PAD and UNK from attn.tokens, unknown words map to UNK."""
+  """Word <-> id; PAD and UNK from attn.data.tokens, unknown words map to UNK."""
 
   def __init__(self, words):
     self.words = list(SPECIAL_TOKENS) + sorted(set(words) - set(SPECIAL_TOKENS))

@@ -68,7 +68,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attn.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
+from attn.data.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
 
 NEG_INF = -jnp.inf  # only ever combined through jnp.where / max / top_k, never multiplied by 0
 

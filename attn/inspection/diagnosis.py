@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn import metrics as metrics_lib
+from attn.evaluation import metrics as metrics_lib
 from attn import registry
 from attn.errors import AttnError
 
@@ -625,7 +625,7 @@ def format_table(report) -> str:
 def plot(diag: Diagnosis, directory) -> list[str]:
   """Writes the three PLOTS (and HEADS_PLOT for a multi-head model) into `directory`; returns
   their paths."""
-  from attn import viz  # pylint: disable=import-outside-toplevel
+  from attn.inspection import plots as viz  # pylint: disable=import-outside-toplevel
   plt = viz.pyplot()
   s, r = diag.steps, diag.report
   title = f"{r['model']['decoder']}/{r['model']['score']}"

@@ -1,5 +1,5 @@
 """The reading-focus demo's library: train one-hop readers (attn.models.reader) on bAbI-style
-stories (attn.stories), one per normalizer; measure where they look and what they answer at
+stories (attn.inspection.stories), one per normalizer; measure where they look and what they answer at
 several inference temperatures; save them; answer the page's queries over HTTP.
 
     results = focus.train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attn import stories
+from attn.inspection import stories
 from attn.errors import ConfigError, DataError
 from attn.models import reader
 

@@ -1,0 +1,1 @@
+"""Settings as frozen dataclasses and the ml_collections configs built from them (`configurable`)."""

@@ -1,0 +1,1 @@
+"""Scoring outputs: corpus BLEU and chrF, multi-reference ROUGE, alignment error rate (`metrics`)."""
