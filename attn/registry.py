@@ -1,24 +1,106 @@
-"""One registry of named variants: attention scores, normalizers and scopes, model decoders, cells,
-architectures and positional encodings.
+"""One Registry type for every kind of named thing, and the registries of the attention variants.
 
-Flags, sweeps and tests look names up here; nothing else in the project branches on a
-variant's name: behaviour that depends on the variant (its key-side `prepare`, its fused kernel,
-its cost model) is carried by its entry, and lists such as "the fused scores" are derived from
-the entries (`with_fused`). A name registers once (duplicates are refused) and an unknown name fails
-with the list of known ones of that kind.
+A `Registry` maps names (and aliases) to entries: a name registers once (duplicates are refused,
+nothing is half-registered) and an unknown name fails with the list of known ones, as the
+registry's own error type (a DataError for data sources, a ConfigError for launchers, ...).
+Behaviour that depends on an entry (a score's key-side `prepare`, its fused kernel, its cost
+model; a decoder's attention dimensions) is carried by the entry, so code never branches on a
+name. The attention primitives (scores, normalizers, scopes) live in `VARIANTS` here; the
+application keeps its own registries beside the code that fills them (model architectures,
+decoders, cells and positional encodings in attn.models, tasks in attn.training, data sources in
+attn.data, interventions in attn.inspection, launchers in attn.launching).
+
+    SOURCES = Registry("data.task", error=DataError)
+
+    @SOURCES.register("reverse")
+    class Reverse: ...
+
+    SOURCES.get("reverse")      # the class; SOURCES.get("revers") -> DataError listing the known
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
-KINDS = ("score", "normalizer", "scope", "decoder", "cell", "task", "arch", "pos_encoding")
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+  """Named entries of one kind. `what` names the kind in errors (e.g. "model.arch", "score")."""
+
+  def __init__(self, what: str, *, error: type[Exception] = KeyError):
+    self.what = what
+    self.error = error
+    self._entries: dict[str, T] = {}
+    self._alias_of: dict[str, str] = {}
+
+  def add(self, name: str, entry: T, *, aliases=()) -> T:
+    """Registers `entry` under `name` and `aliases`; refuses any name already taken."""
+    for n in (name, *aliases):
+      if n in self._entries:
+        raise ValueError(f"{self.what} {n!r} is already registered")
+    for n in (name, *aliases):
+      self._entries[n] = entry
+      if n != name:
+        self._alias_of[n] = name
+    return entry
+
+  def register(self, name: str, *, aliases=()) -> Callable[[T], T]:
+    """Decorator form of `add`: the decorated object is the entry (and is returned unchanged)."""
+    return lambda entry: self.add(name, entry, aliases=aliases)
+
+  def remove(self, name: str) -> None:
+    """Forgets `name` and its aliases (tests that register a throwaway entry clean up with it)."""
+    for n in [n for n, c in self._alias_of.items() if c == name] + [name]:
+      self._entries.pop(n, None)
+      self._alias_of.pop(n, None)
+
+  def get(self, name: str) -> T:
+    if name not in self._entries:
+      raise self.error(f"unknown {self.what} {name!r}; known: {', '.join(self.names())}")
+    return self._entries[name]
+
+  def alias_of(self, name: str) -> str | None:
+    """The canonical name `name` is an alias of, or None for a canonical name."""
+    return self._alias_of.get(name)
+
+  def names(self) -> list[str]:
+    """Every registered name, aliases included, sorted."""
+    return sorted(self._entries)
+
+  def canonical_names(self) -> list[str]:
+    """Registered names without aliases, sorted."""
+    return [n for n in self.names() if n not in self._alias_of]
+
+  def items(self) -> list[tuple[str, T]]:
+    """(canonical name, entry) pairs, sorted by name."""
+    return [(n, self._entries[n]) for n in self.canonical_names()]
+
+  def __contains__(self, name: object) -> bool:
+    return name in self._entries
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self.names())
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def __getitem__(self, name: str) -> T:
+    return self.get(name)
+
+  def __repr__(self) -> str:
+    return f"Registry({self.what!r}: {', '.join(self.canonical_names())})"
+
+
+# The attention primitives' kinds. The application's kinds (architectures, decoders, tasks, ...)
+# are registries of their own packages.
+KINDS = ("score", "normalizer", "scope")
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """A named variant.
+  """A named attention variant.
 
   kind: one of KINDS.
   name: the registry name (what flags and configs say).
@@ -53,24 +135,29 @@ class Variant:
   positional: bool = False
 
 
-VARIANTS: dict[str, dict[str, Variant]] = {kind: {} for kind in KINDS}
+VARIANTS: dict[str, Registry[Variant]] = {kind: Registry(kind) for kind in KINDS}
+
+
+def _kind(kind: str) -> Registry[Variant]:
+  if kind not in VARIANTS:
+    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
+  return VARIANTS[kind]
 
 
 def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
              fused=None, cost=None, positional=False):
-  """Decorator registering `fn` under `kind`/`name` (and aliases)."""
-  if kind not in KINDS:
-    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
+  """Decorator registering the variant `fn` under `kind`/`name` (and aliases)."""
+  reg = _kind(kind)
 
   def decorator(fn):
     doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
     for n in (name, *aliases):
-      if n in VARIANTS[kind]:
+      if n in reg:
         raise ValueError(f"{kind} {n!r} is already registered")
     for n in (name, *aliases):
-      VARIANTS[kind][n] = Variant(kind, n, fn, init, doc, full_attention,
-                                  alias_of=None if n == name else name, prepare=prepare,
-                                  fused=fused, cost=cost, positional=positional)
+      reg.add(n, Variant(kind, n, fn, init, doc, full_attention,
+                         alias_of=None if n == name else name, prepare=prepare, fused=fused,
+                         cost=cost, positional=positional))
     return fn
 
   return decorator
@@ -79,11 +166,10 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
 def get(name: str, kind: str | None = None) -> Variant:
   """Looks a variant up by name; `kind` disambiguates (and is required if a name is in two kinds)."""
   kinds = (kind,) if kind else KINDS
-  if kind is not None and kind not in KINDS:
-    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
-  found = [VARIANTS[k][name] for k in kinds if name in VARIANTS[k]]
+  regs = [_kind(k) for k in kinds]
+  found = [r.get(name) for r in regs if name in r]
   if not found:
-    known = "; ".join(f"{k}: {', '.join(sorted(VARIANTS[k]))}" for k in kinds)
+    known = "; ".join(f"{r.what}: {', '.join(r.names())}" for r in regs)
     raise KeyError(f"unknown {kind or 'variant'} {name!r}. Known — {known}")
   if len(found) > 1:
     raise KeyError(f"{name!r} names a variant of several kinds; pass kind=")
@@ -92,16 +178,14 @@ def get(name: str, kind: str | None = None) -> Variant:
 
 def names(kind: str) -> list[str]:
   """Registered names of one kind, aliases included, sorted."""
-  if kind not in KINDS:
-    raise ValueError(f"unknown variant kind {kind!r}; known kinds: {', '.join(KINDS)}")
-  return sorted(VARIANTS[kind])
+  return _kind(kind).names()
 
 
 def canonical_names(kind: str) -> list[str]:
   """Registered names of one kind without aliases, sorted."""
-  return [n for n in names(kind) if VARIANTS[kind][n].alias_of is None]
+  return [n for n in names(kind) if VARIANTS[kind].get(n).alias_of is None]
 
 
 def with_fused(kind: str = "score") -> list[str]:
   """Canonical names of the variants of `kind` that carry a fused-kernel implementation."""
-  return [n for n in canonical_names(kind) if VARIANTS[kind][n].fused is not None]
+  return [n for n in canonical_names(kind) if VARIANTS[kind].get(n).fused is not None]

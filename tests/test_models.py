@@ -104,8 +104,8 @@ def test_no_attention_model_can_be_sized_to_an_attention_models_budget():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(decoder="transformer"), "Known"),
-    (dict(score="cosine"), "Known"),
+    (dict(decoder="transformer"), "known: bahdanau, luong, none"),
+    (dict(score="cosine"), "unknown model.score .cosine.; known: additive"),
     (dict(fused=True, decoder="bahdanau"), "fused=True"),
     (dict(dropout=1.0), "dropout"),
 ])

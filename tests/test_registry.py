@@ -7,6 +7,8 @@ import pytest
 
 import attn
 from attn import registry
+from attn.errors import ConfigError, DataError
+from attn.registry import Registry
 
 
 def test_every_kind_lists_the_documented_variants():
@@ -43,4 +45,34 @@ def test_a_registered_variant_is_usable_by_name_everywhere():
     np.testing.assert_allclose(w, w_dot, rtol=1e-6)
     assert attn.get("neg_dot_for_test").doc.startswith("Negated")
   finally:
-    del attn.VARIANTS["score"]["neg_dot_for_test"]
+    attn.VARIANTS["score"].remove("neg_dot_for_test")
+
+
+def test_a_registry_names_its_kind_and_raises_its_own_error():
+  things = Registry("data.task", error=DataError)
+  things.add("reverse", object(), aliases=("rev",))
+  with pytest.raises(DataError, match=r"unknown data.task 'revers'; known: rev, reverse"):
+    things.get("revers")
+  assert things.canonical_names() == ["reverse"] and things.alias_of("rev") == "reverse"
+  assert things.get("rev") is things.get("reverse")
+
+
+def test_a_registry_refuses_a_taken_name_without_registering_half():
+  things = Registry("launcher", error=ConfigError)
+
+  @things.register("local")
+  class Local:  # pylint: disable=unused-variable
+    pass
+
+  with pytest.raises(ValueError, match="already registered"):
+    things.add("slurm", object(), aliases=("local",))
+  assert "slurm" not in things and things.names() == ["local"]
+  things.remove("local")
+  assert not things
+
+
+def test_the_package_root_registers_only_the_primitives_kinds():
+  assert registry.KINDS == ("score", "normalizer", "scope")
+  from attn.models import registries  # pylint: disable=import-outside-toplevel
+  assert registries.ARCHS.canonical_names() == ["rnn", "transformer"]
+  assert registries.DECODERS.canonical_names() == ["bahdanau", "luong", "none"]

@@ -333,8 +333,8 @@ def test_count_params_and_the_rnn_default():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(arch="cnn"), "model.arch.*Known"),
-    (dict(pos_encoding="relative"), "model.pos_encoding.*Known"),
+    (dict(arch="cnn"), "model.arch.*known: rnn, transformer"),
+    (dict(pos_encoding="relative"), "model.pos_encoding.*known: alibi"),
     (dict(num_heads=3), "divisible"),
     (dict(ff_activation="swish"), "ff_activation"),
     (dict(cross=dict(scope="ring")), "model.cross.scope.*Known"),

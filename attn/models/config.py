@@ -12,6 +12,7 @@ from attn import registry
 from attn.config import configurable
 from attn.config.configurable import option
 from attn.errors import ConfigError
+from attn.models import registries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,17 +96,17 @@ class ModelConfig:
   SWITCH_ON_WHEN_RESUMING = ("coverage",)
 
   def __post_init__(self):
-    for field, kind in (("arch", "arch"), ("decoder", "decoder"), ("cell", "cell"),
-                        ("score", "score"), ("normalizer", "normalizer"), ("scope", "scope"),
-                        ("match_params_of", "decoder")):
+    for field, kinds in (("arch", registries.ARCHS), ("decoder", registries.DECODERS),
+                         ("cell", registries.CELLS), ("score", registry.VARIANTS["score"]),
+                         ("normalizer", registry.VARIANTS["normalizer"]),
+                         ("scope", registry.VARIANTS["scope"]),
+                         ("match_params_of", registries.DECODERS)):
       name = getattr(self, field)
       if field == "match_params_of" and not name:
         continue
-      try:
-        registry.get(name, kind)
-      except KeyError as e:
-        raise ConfigError(f"model.{field}: {e.args[0]}") from None
-    registry.get(self.arch, "arch").fn.check_config(self)  # raises ConfigError
+      if name not in kinds:
+        raise ConfigError(f"unknown model.{field} {name!r}; known: {', '.join(kinds.names())}")
+    registries.ARCHS.get(self.arch).check_config(self)  # raises ConfigError
     if min(self.src_vocab, self.tgt_vocab) < 1:
       raise ConfigError(f"model vocabularies must be non-empty (set from the data), got "
                         f"src_vocab={self.src_vocab}, tgt_vocab={self.tgt_vocab}")
@@ -119,7 +120,7 @@ class ModelConfig:
     self._check_attention_fits()
     if self.fused:
       from attn import core  # pylint: disable=import-outside-toplevel
-      why = (registry.get(self.decoder, "decoder").fn.fused_unsupported(self)
+      why = (registries.DECODERS.get(self.decoder).fused_unsupported(self)
              or core.fused_unsupported(self.score, self.normalizer, self.scope))
       if why:
         raise ConfigError(f"model.fused=True: {why}")
@@ -137,7 +138,7 @@ class ModelConfig:
     if self.fused:
       raise ConfigError(f"{which}=True needs the attention weights, which model.fused=True "
                         "never forms")
-    why = self.coverage and registry.get(self.decoder, "decoder").fn.coverage_unsupported(self)
+    why = self.coverage and registries.DECODERS.get(self.decoder).coverage_unsupported(self)
     if why:
       raise ConfigError(f"model.coverage=True: {why}")
     if self.coverage_loss_weight < 0:
@@ -146,7 +147,7 @@ class ModelConfig:
   def _check_attention_fits(self):
     """The score accepts the decoder's query and key sizes (e.g. `dot` needs them equal): traced
     abstractly on one query and two keys, so a bad pairing fails here rather than mid-training."""
-    decoder = registry.get(self.decoder, "decoder").fn
+    decoder = registries.DECODERS.get(self.decoder)
     if not decoder.has_attention:
       return
     import jax  # pylint: disable=import-outside-toplevel
@@ -171,13 +172,13 @@ class ModelConfig:
 
   @property
   def has_attention(self) -> bool:
-    return registry.get(self.arch, "arch").fn.attends(self)
+    return registries.ARCHS.get(self.arch).attends(self)
 
   @property
   def variant(self) -> dict:
     """decoder, score, normalizer, scope, temperature of the attention the run reports (for a
     Transformer: decoder "transformer" and its cross-attention's settings)."""
-    return registry.get(self.arch, "arch").fn.describe(self)
+    return registries.ARCHS.get(self.arch).describe(self)
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)

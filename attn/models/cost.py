@@ -15,18 +15,19 @@ import numpy as np
 
 from attn import registry
 from attn.models.config import ModelConfig
+from attn.models import registries
 
 
 def forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   """Matmul FLOPs of the forward pass on a padded batch [B, Ts] -> [B, Tt], by the model's
   architecture (each registered arch names its count as `forward_flops`)."""
-  return registry.get(mc.arch, "arch").fn.forward_flops(mc, B, Ts, Tt)
+  return registries.ARCHS.get(mc.arch).forward_flops(mc, B, Ts, Tt)
 
 
 def recurrent_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   """The RNN encoder-decoder's forward matmul FLOPs (model.arch=rnn)."""
-  gates = registry.get(mc.cell, "cell").fn.gates
-  decoder = registry.get(mc.decoder, "decoder").fn
+  gates = registries.CELLS.get(mc.cell).gates
+  decoder = registries.DECODERS.get(mc.decoder)
   dirs = 2 if mc.bidirectional else 1
   per_src, d_in = 0, mc.emb_dim
   for _ in range(mc.enc_layers):
@@ -81,7 +82,7 @@ def transformer_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
 def output_layer_flops(mc: ModelConfig, B: int, Tt: int) -> int:
   """The [D, V] output layer's share of train_step_flops (forward + 2x backward), D the
   width the architecture feeds it (`output_width`)."""
-  D = registry.get(mc.arch, "arch").fn.output_width(mc)
+  D = registries.ARCHS.get(mc.arch).output_width(mc)
   return 3 * 2 * B * Tt * D * mc.tgt_vocab
 
 

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attn
-from attn import registry
 from attn.models.encoder import dropout
+from attn.models import registries
 from attn.models.layers import linear
 from attn.models.params import as_params, values
 from attn.data.tokens import UNK
@@ -99,7 +99,7 @@ class RecurrentDecoder(nnx.Module):
   def __init__(self, cfg, d_in0, d_readout, *, rngs, compute_dtype="float32"):
     self.cfg = cfg
     self.compute_dtype = compute_dtype  # the matmuls' operand dtype (attn.models.layers)
-    self.cell = registry.get(cfg.cell, "cell").fn
+    self.cell = registries.CELLS.get(cfg.cell)
     self.embed = nnx.Embed(cfg.tgt_vocab, cfg.emb_dim, rngs=rngs)
     self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else cfg.dec_hidden, cfg.dec_hidden, rngs,
                                           compute_dtype) for i in range(cfg.dec_layers)])
@@ -193,7 +193,7 @@ class RecurrentDecoder(nnx.Module):
     return {k[len("init_"):]: v for k, v in memory.items() if k.startswith("init_")}
 
 
-@registry.register("decoder", "none")
+@registries.DECODERS.register("none")
 class NoAttentionDecoder(RecurrentDecoder):
   """Cho et al. (2014): the encoder summary c is the initial state and is fed at every step;
   it is the only source information (the fixed-vector bottleneck)."""
@@ -257,7 +257,7 @@ class AttentionMixin:
     return ctx, StepAttention(w, e)
 
 
-@registry.register("decoder", "bahdanau")
+@registries.DECODERS.register("bahdanau")
 class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
   """RNNsearch (Bahdanau et al. 2015): e_tj = a(s_{t-1}, h_j) from the previous state, the context
   c_t enters the recurrence s_t = f(s_{t-1}, y_{t-1}, c_t), deep output from (s_t, c_t, y_{t-1})."""
@@ -306,7 +306,7 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     return new_state, jnp.concatenate([s, c, emb], -1), att
 
 
-@registry.register("decoder", "luong")
+@registries.DECODERS.register("luong")
 class LuongDecoder(AttentionMixin, RecurrentDecoder):
   """Luong et al. (2015): h_t = RNN(h_{t-1}, [y_{t-1}; h~_{t-1}]) (input feeding optional),
   c_t = attend(h_t, source), h~_t = tanh(W_c [c_t; h_t]) (eq. 5), p(y_t) = softmax(W_s h~_t)."""

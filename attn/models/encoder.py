@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn import registry
 from attn.models.layers import mixed_cell
+from attn.models import registries
 
 
-@registry.register("cell", "gru")
+@registries.CELLS.register("gru")
 class GRU:
   """GRU (Cho et al. 2014); the carry is h."""
   gates = 3  # weight blocks of the input and recurrent matmuls (cost models)
@@ -25,7 +25,7 @@ class GRU:
   h_of = staticmethod(lambda carry: carry)
 
 
-@registry.register("cell", "lstm")
+@registries.CELLS.register("lstm")
 class LSTM:
   """LSTM (Hochreiter & Schmidhuber 1997); the carry is (c, h), started from c = 0."""
   gates = 4
@@ -59,7 +59,7 @@ class Encoder(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
-    cell = registry.get(cfg.cell, "cell").fn
+    cell = registries.CELLS.get(cfg.cell)
     self.embed = nnx.Embed(cfg.src_vocab, cfg.emb_dim, rngs=rngs)
     layers = []
     d_in = cfg.emb_dim
@@ -77,7 +77,7 @@ class Encoder(nnx.Module):
   def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None) -> EncoderOutput:
     """src: [B, Ts] int ids; src_lengths: [B]; embed_offset: optional [B, Ts, E] added to the
     embeddings (attribution methods differentiate with respect to it)."""
-    cfg, h_of = self.cfg, registry.get(self.cfg.cell, "cell").fn.h_of
+    cfg, h_of = self.cfg, registries.CELLS.get(self.cfg.cell).h_of
     keys = [None] * (cfg.enc_layers + 1) if dropout_key is None else list(
         jax.random.split(dropout_key, cfg.enc_layers + 1))
     mask = jnp.arange(src.shape[1])[None, :] < src_lengths[:, None]  # [B, Ts]

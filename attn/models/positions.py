@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from attn import registry
+from attn.models import registries
 
 _F32 = jnp.float32
 
@@ -71,7 +72,7 @@ class PositionalEncoding:
     return None
 
 
-registry.register("pos_encoding", "none")(PositionalEncoding)
+registries.POS_ENCODINGS.register("none")(PositionalEncoding)
 
 
 def sinusoids(positions, d):
@@ -84,7 +85,7 @@ def sinusoids(positions, d):
   return pe.reshape(pe.shape[:-2] + (-1,))[..., :d]
 
 
-@registry.register("pos_encoding", "sinusoidal")
+@registries.POS_ENCODINGS.register("sinusoidal")
 class Sinusoidal(PositionalEncoding):
   """Fixed sinusoids added to the embeddings (Vaswani et al. 2017); defined at every position."""
 
@@ -94,7 +95,7 @@ class Sinusoidal(PositionalEncoding):
     return x + sinusoids(positions, x.shape[-1]).astype(x.dtype)
 
 
-@registry.register("pos_encoding", "learned")
+@registries.POS_ENCODINGS.register("learned")
 class Learned(PositionalEncoding):
   """A learned embedding per absolute position (Gehring et al. 2017), up to the table's length."""
 
@@ -126,7 +127,7 @@ def rotate_pairs(x, positions):
   return out.reshape(x.shape).astype(x.dtype)
 
 
-@registry.register("pos_encoding", "rope")
+@registries.POS_ENCODINGS.register("rope")
 class RoPE(PositionalEncoding):
   """Rotary position embedding (Su et al. 2021): queries and keys rotated by their position."""
 
@@ -170,7 +171,7 @@ def alibi_bias(num_heads, q_pos, k_pos):
   return -alibi_slopes(num_heads)[None, :, None, None] * dist[:, None]  # [B, H, Tq, Tk]
 
 
-@registry.register("pos_encoding", "alibi")
+@registries.POS_ENCODINGS.register("alibi")
 class ALiBi(PositionalEncoding):
   """Attention with linear biases (Press et al. 2022): a per-head penalty on distance."""
   forms_bias = True

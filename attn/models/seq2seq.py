@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn import registry
 from attn.models import copying
+from attn.models import registries
 from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
 from attn.models.config import ModelConfig
 from attn.models.encoder import Encoder
 from attn.data.tokens import BOS
 
 
-@registry.register("arch", "rnn")
+@registries.ARCHS.register("rnn")
 class Seq2Seq(nnx.Module):
   """compute_dtype: "float32" | "bfloat16", the operand dtype of the encoder's and decoder's
   matmuls (attn.models.layers: float32 accumulation, float32 parameters, activations, logits).
@@ -43,7 +43,7 @@ class Seq2Seq(nnx.Module):
 
   @staticmethod
   def attends(cfg: ModelConfig) -> bool:
-    return registry.get(cfg.decoder, "decoder").fn.has_attention
+    return registries.DECODERS.get(cfg.decoder).has_attention
 
   @staticmethod
   def describe(cfg: ModelConfig) -> dict:
@@ -56,7 +56,7 @@ class Seq2Seq(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
     self.encoder = Encoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
-    self.decoder = registry.get(cfg.decoder, "decoder").fn(cfg, rngs=rngs,
+    self.decoder = registries.DECODERS.get(cfg.decoder)(cfg, rngs=rngs,
                                                            compute_dtype=compute_dtype)
 
   def memory(self, src, src_lengths, dropout_key=None, embed_offset=None):
@@ -128,7 +128,7 @@ def shift_right(tgt):
 def build_model(cfg: ModelConfig, seed: int = 0, compute_dtype: str = "float32") -> nnx.Module:
   """A freshly initialized model of architecture `cfg.arch` (Seq2Seq, Transformer): float32
   parameters, the same for every compute dtype."""
-  return registry.get(cfg.arch, "arch").fn(cfg, rngs=nnx.Rngs(params=seed),
+  return registries.ARCHS.get(cfg.arch)(cfg, rngs=nnx.Rngs(params=seed),
                                            compute_dtype=compute_dtype)
 
 

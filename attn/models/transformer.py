@@ -40,6 +40,7 @@ from flax import nnx
 import attn
 from attn import banded, core, precision, registry
 from attn.errors import ConfigError
+from attn.models import registries
 from attn.models.config import ModelConfig
 from attn.models.decoders import StepAttention
 from attn.models.encoder import dropout
@@ -149,7 +150,7 @@ def attend_heads(params, q, kp, v, role, *, key_lengths=None, mask=None, causal=
 
 
 def _pos_encoding(cfg):
-  return registry.get(cfg.pos_encoding, "pos_encoding").fn
+  return registries.POS_ENCODINGS.get(cfg.pos_encoding)
 
 
 def fused_unsupported(cfg: ModelConfig, field: str) -> str | None:
@@ -418,17 +419,14 @@ def _cache_overrun(cache_len):
       f"initial_decode_state(..., max_len=) the search's max_len, or raise model.max_tgt_len")
 
 
-@registry.register("arch", "transformer")
+@registries.ARCHS.register("transformer")
 class Transformer(nnx.Module):
   """Encoder-decoder Transformer; compute_dtype as for Seq2Seq (matmul operands only)."""
 
   @staticmethod
   def check_config(cfg: ModelConfig) -> None:
     """ConfigError, naming the field, for settings this model cannot run."""
-    try:
-      pos = registry.get(cfg.pos_encoding, "pos_encoding").fn
-    except KeyError as e:
-      raise ConfigError(f"model.pos_encoding: {e.args[0]}") from None
+    pos = registries.POS_ENCODINGS.get(cfg.pos_encoding)  # ConfigError naming the known ones
     if cfg.ff_activation not in ACTIVATIONS:
       raise ConfigError(f"model.ff_activation={cfg.ff_activation!r} unknown; known: "
                         f"{', '.join(ACTIVATIONS)}")

@@ -18,11 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn.evaluation import metrics as metrics_lib
-from attn import registry
 from attn.errors import ConfigError
 from attn.models import copying, sequence_loss
 from attn.data.tokens import EOS, UNK
-from attn.training.task import TranslationTask
+from attn.training.task import TASKS, TranslationTask
 
 
 def _target_mask(batch):
@@ -44,7 +43,7 @@ def repeated_ngram_rate(outputs, n: int = 3) -> float:
   return repeated / total if total else 0.0
 
 
-@registry.register("task", "summarize")
+@TASKS.register("summarize")
 class SummarizationTask(TranslationTask):
   """Seq2seq summarization: ROUGE-1/2/L F1 against every reference (data.reference_fields),
   the pointer-generator and coverage when the model has them."""

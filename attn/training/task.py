@@ -1,7 +1,7 @@
 """The task interface the training loop and the evaluation share: what to build, what to score,
 how to decode.
 
-A task is registered by name (registry kind "task"); `train_and_evaluate(config, workdir,
+A task is registered by name in `TASKS`; `train_and_evaluate(config, workdir,
 task=...)` looks it up. Translation is the first; summarization and other models plug in by
 subclassing `Task` rather than copying the loop.
 """
@@ -13,8 +13,12 @@ import dataclasses
 
 from attn.decoding import search as decode_lib
 from attn.evaluation import metrics as metrics_lib
-from attn import registry
+from attn.errors import ConfigError
 from attn.models import ModelConfig, build_model, match_param_count, sequence_loss
+from attn.registry import Registry
+
+# What a run trains for (translate, summarize): entries are `Task` subclasses.
+TASKS = Registry("task", error=ConfigError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +92,7 @@ class Task(abc.ABC):
     return {}
 
 
-@registry.register("task", "translate")
+@TASKS.register("translate")
 class TranslationTask(Task):
   """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores."""
 
@@ -149,4 +153,4 @@ class TranslationTask(Task):
 
 
 def get_task(name: str) -> Task:
-  return registry.get(name, "task").fn()
+  return TASKS.get(name)()
