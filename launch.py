@@ -29,7 +29,7 @@ and checked by the experiment module's `validate_config(config)` where it has on
 combinations end the launch with one `error:` line each and exit status 2; `--dry_run` checks too.
 
 Each run is `python -m experiments.<experiment> --workdir=<dir>/<name> --config=...
---config.<key>=<value> ...`, started by the launcher --launcher names (experiments/launchers.py):
+--config.<key>=<value> ...`, started by the launcher --launcher names (attn/launching/launchers.py):
 `local` runs them as subprocesses of launch, --parallel at a time (with more than one, each run's
 output goes to <run dir>/launch.log); `slurm` submits them as one job array
 (<workdir>/slurm/sweep.sbatch, with --slurm_partition, --slurm_time, --slurm_cpus, --slurm_gpus,
@@ -70,8 +70,9 @@ from ml_collections import config_flags
 from attn.inspection import plots as viz
 from attn.errors import AttnError, ConfigError
 from attn.training.results import results_table
-from experiments import cli, launchers
-from experiments.launchers import LOG, RECORD, SLURM_DIR, read_record
+from attn.launching import cli
+from attn.launching import launchers
+from attn.launching.launchers import LOG, RECORD, SLURM_DIR, read_record
 
 USAGE_ERROR = cli.USAGE_ERROR  # a user mistake, reported before anything runs
 FAILED = 1  # some run failed or was refused (with --collect: or has not finished)
@@ -107,7 +108,7 @@ def define_flags(fv):
   flags.DEFINE_bool("collect", False, "Run and submit nothing: tabulate the finished runs and "
                     "list the pending and failed ones.", flag_values=fv)
   flags.DEFINE_string("launcher", "local", "Where runs execute: "
-                      f"{', '.join(sorted(launchers.LAUNCHERS))} (experiments/launchers.py).",
+                      f"{', '.join(sorted(launchers.LAUNCHERS))} (attn/launching/launchers.py).",
                       flag_values=fv)
   flags.DEFINE_integer("parallel", None, "Runs at once: local subprocesses (default 1), or Slurm "
                        "array tasks running at once (--array=...%N; default no limit).",

@@ -14,7 +14,7 @@ GPU (one prepared run; see docs/benchmarks.md for the whole device script):
         --impls=pallas,cudnn,xla,jax_triton,jax_mgpu,tokamax --batch=4 --heads=16 --repeats=5
 
 Writes <outdir>/<name>.csv, .md (with this command and the machine) and .png (TFLOP/s vs T).
-The benchmark itself is the library experiments/kernel_bench.py; this file only parses flags.
+The benchmark itself is the library attn/benchmarks/kernels.py; this file only parses flags.
 """
 
 import shlex
@@ -54,7 +54,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from experiments import kernel_bench as bench  # pylint: disable=import-outside-toplevel
+  from attn.benchmarks import kernels as bench  # pylint: disable=import-outside-toplevel
   try:
     causal = tuple(_BOOLS[c.lower()] for c in FLAGS.causal)
   except KeyError:

@@ -25,7 +25,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "experiments/configs/translate.py:multi30k",

@@ -15,7 +15,7 @@ without attention (decoder=none), exits with status 2 and one `error:` line.
 
 from absl import flags
 
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A finished run's directory (holds results.json).")

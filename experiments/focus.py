@@ -16,7 +16,7 @@ import os
 
 from absl import flags
 
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")

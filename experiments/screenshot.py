@@ -5,14 +5,15 @@ r"""A PNG of a web page in headless Chromium (the README's pictures of the run v
 
 --page is a file path or a URL; each --click (a CSS selector) is clicked in order before the
 picture is taken. Needs selenium and Debian's chromium + chromium-driver (ATTN_CHROMIUM and
-ATTN_CHROMEDRIVER override their paths; see experiments/browser.py).
+ATTN_CHROMEDRIVER override their paths; see attn/launching/browser.py).
 """
 
 import os
 
 from absl import flags
 
-from experiments import browser, cli
+from attn.launching import browser
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 

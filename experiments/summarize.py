@@ -21,7 +21,7 @@ JSON line or a missing field exits with status 2 and one line naming file, line 
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "experiments/configs/summarize.py:aeslc",

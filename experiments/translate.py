@@ -17,7 +17,7 @@ counts, unknown variant names) exits with status 2 and one `error:` line before 
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "experiments/configs/translate.py:multi30k",

@@ -77,7 +77,7 @@ from attn.models.params import values
 from attn.models.transformer import (Attention, TransformerEncoder, attend_heads,
                                      fused_unsupported)
 from attn.training.results import write_json, write_text
-from experiments import cli
+from attn.launching import cli
 
 FLAGS = flags.FLAGS
 MIB = 2.0 ** 20

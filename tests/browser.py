@@ -1,4 +1,4 @@
-"""The browser fixture of the page tests: one headless Chromium per session (experiments.browser).
+"""The browser fixture of the page tests: one headless Chromium per session (attn.launching.browser).
 
 `make test` installs Debian's chromium and chromium-driver where it can (root, apt reachable);
 where it cannot, every browser test skips with one line saying why.
@@ -6,7 +6,7 @@ where it cannot, every browser test skips with one line saying why.
 
 import pytest
 
-from experiments.browser import chromium, console_errors, missing  # noqa: F401  (re-exported)
+from attn.launching.browser import chromium, console_errors, missing  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")

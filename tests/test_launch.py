@@ -20,7 +20,7 @@ import time
 import pytest
 
 import launch
-from experiments import launchers
+from attn.launching import launchers
 from attn.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPLICATION = ("attn.models", "attn.data", "attn.training", "attn.decoding", "attn.evaluation",
-               "attn.inspection", "attn.config")
+               "attn.inspection", "attn.config", "attn.launching", "attn.benchmarks")
 # The primitives: scores, normalizers, scopes, masks and what composes them; the error types.
 PRIMITIVES = {"__init__", "banded", "core", "errors", "linear", "masks", "multihead",
               "normalizers", "precision", "registry", "scopes", "scores"}
@@ -41,9 +41,10 @@ def test_the_primitives_do_not_import_the_application():
 def test_kernels_and_their_benchmark_import_nothing_of_attn_but_plotting():
   loaded = _imported_after("import kernels")
   assert not [m for m in loaded if m == "attn" or m.startswith("attn.")], loaded
-  loaded = _imported_after("import experiments.kernel_bench")
-  plotting = ("attn.inspection", "attn.inspection.plots")  # matplotlib only
-  heavy = [m for m in loaded if m not in plotting
+  loaded = _imported_after("import attn.benchmarks.kernels")
+  allowed = ("attn.benchmarks", "attn.benchmarks.kernels",  # the benchmark itself
+             "attn.inspection", "attn.inspection.plots")  # matplotlib only
+  heavy = [m for m in loaded if m not in allowed
            and m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
   assert not heavy, heavy  # the GPU machine has jax but no data libraries
 

@@ -277,7 +277,7 @@ def test_unusable_workdirs_are_one_line(tmp_path, make, expect):
 
 def test_only_user_mistakes_become_one_line_a_bug_keeps_its_traceback(monkeypatch, capsys):
   from attn.errors import ConfigError
-  from experiments import cli
+  from attn.launching import cli
   monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # cli.run installs its own
   monkeypatch.setattr(cli.app, "run", lambda main, flags_parser=None: main(["prog"]))
 

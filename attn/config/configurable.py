@@ -33,7 +33,7 @@ def help_of(cls) -> dict[str, str]:
   return {f.name: f.metadata.get("help", "") for f in settable_fields(cls)}
 
 
-def _is_section(default) -> bool:
+def is_section(default) -> bool:
   """A field whose default is a dataclass instance is a nested section of the config."""
   return dataclasses.is_dataclass(default) and not isinstance(default, type)
 
@@ -56,8 +56,8 @@ def config_dict(cls, **overrides):
   cfg = ml_collections.ConfigDict()
   for k, default in defaults.items():
     v = overrides.get(k, default)
-    if _is_section(default):  # overridden by an instance, or by a dict of some of its fields
-      values = _settable_values(v) if _is_section(v) else {**_settable_values(default),
+    if is_section(default):  # overridden by an instance, or by a dict of some of its fields
+      values = _settable_values(v) if is_section(v) else {**_settable_values(default),
                                                            **as_dict(v)}
       v = config_dict(type(default), **values)
     setattr(cfg, k, tuple(v) if isinstance(v, list) else v)
@@ -102,7 +102,7 @@ def from_config(cls, cfg, *, section: str, error: type[Exception] = ConfigError,
   if unknown:
     raise error(f"unknown {section} config fields {unknown}; known: {', '.join(sorted(fields))}")
   for k, v in given.items():
-    if _is_section(fields[k].default) and not _is_section(v):
+    if is_section(fields[k].default) and not is_section(v):
       given[k] = from_config(type(fields[k].default), v, section=f"{section}.{k}", error=error)
     elif _is_str_tuple(fields[k]) and isinstance(v, (str, list, tuple)):
       given[k] = split_commas(v)

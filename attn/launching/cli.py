@@ -1,8 +1,20 @@
-"""What every experiment entry point shares: flag parsing, logging set-up and one-line errors for
-user mistakes.
+"""What every experiment entry point shares: settings as flags, flag parsing, logging set-up and
+one-line errors for user mistakes.
+
+    @dataclasses.dataclass(frozen=True)
+    class BenchSettings:                       # the one home of each default and its help
+      steps: int = configurable.option(100, "timed steps")
+
+    def main(argv):
+      settings = cli.settings_from_flags(BenchSettings)
 
     if __name__ == "__main__":
+      cli.define_settings_flags(BenchSettings)   # --steps=100
       cli.run(main)
+
+Training experiments take `--config=FILE:PRESET --config.KEY=VALUE` (ml_collections, built from
+the same dataclasses by attn.config.configurable); the other entry points take one flag per field
+of their settings dataclass.
 
 A user mistake ends the run with one `error: ...` line on stderr and exit status 2: a bad flag or
 config override (a misspelled field gets ml_collections' suggestion), an unknown preset, a
@@ -11,6 +23,7 @@ file, a workdir). Ctrl-C exits with status 130 (the training loop saves a checkp
 other exception is a bug and keeps its traceback.
 """
 
+import dataclasses
 import logging
 import os
 import re
@@ -18,7 +31,8 @@ import sys
 
 from absl import app, flags
 
-from attn.errors import AttnError
+from attn.config import configurable
+from attn.errors import AttnError, ConfigError
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -170,3 +184,72 @@ def serve(make_server, port: int, path: str = "") -> None:
     print("stopped")
   finally:
     server.server_close()
+
+
+def _flag_fields(cls):
+  """(flag name, field, section) for each settable field of `cls`; a nested section's fields
+  become flags of their own name (names must not clash across sections)."""
+  out = []
+  for f in configurable.settable_fields(cls):
+    if configurable.is_section(f.default):
+      out += [(name, sub, f.name) for name, sub, _ in _flag_fields(type(f.default))]
+    else:
+      out.append((f.name, f, None))
+  names = [n for n, _, _ in out]
+  clash = sorted({n for n in names if names.count(n) > 1})
+  if clash:
+    raise ValueError(f"{cls.__name__}: fields {clash} appear in several sections")
+  return out
+
+
+def define_settings_flags(cls, *, skip=(), flag_values=flags.FLAGS) -> None:
+  """One absl flag per settable field of the settings dataclass `cls` (nested sections
+  flattened), named as the field, with the field's default and help; `skip` names fields the entry
+  point defines itself. Tuples become comma-separated list flags."""
+  for name, f, _ in _flag_fields(cls):
+    if name in skip:
+      continue
+    default, help_ = f.default, f.metadata.get("help", "")
+    if isinstance(default, bool):
+      flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
+    elif isinstance(default, int):
+      flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
+    elif isinstance(default, float):
+      flags.DEFINE_float(name, default, help_, flag_values=flag_values)
+    elif isinstance(default, tuple):
+      flags.DEFINE_list(name, [str(v) for v in default], help_, flag_values=flag_values)
+    elif isinstance(default, str) or default is None:
+      flags.DEFINE_string(name, default, help_, flag_values=flag_values)
+    else:
+      raise TypeError(f"{cls.__name__}.{name}: no flag type for {type(default).__name__}")
+
+
+def _element_type(f) -> type:
+  """The element type of a tuple field, from its annotation (`tuple[float, ...]`) or default."""
+  text = str(f.type)
+  for t in (int, float, bool):
+    if f"[{t.__name__}," in text.replace(" ", ""):
+      return t
+  return type(f.default[0]) if f.default else str
+
+
+def settings_from_flags(cls, *, flag_values=flags.FLAGS, **given):
+  """`cls` built from the flags of `define_settings_flags(cls)`, then `given` (values the entry
+  point derives itself). A list element of the wrong type is a ConfigError naming the flag; the
+  dataclass's own validation does the rest."""
+  values, sections = {}, {}
+  for name, f, section in _flag_fields(cls):
+    if name in given or name not in flag_values:
+      continue
+    value = flag_values[name].value
+    if isinstance(f.default, tuple):
+      kind = _element_type(f)
+      try:
+        value = tuple(kind(v) for v in value)
+      except ValueError:
+        raise ConfigError(f"--{name}: {value} are not all {kind.__name__} values") from None
+    (sections.setdefault(section, {}) if section else values)[name] = value
+  for section, fields in sections.items():
+    default = next(f.default for f in dataclasses.fields(cls) if f.name == section)
+    values[section] = dataclasses.replace(default, **fields)
+  return cls(**values, **given)

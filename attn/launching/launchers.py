@@ -13,7 +13,7 @@ before the run starts, and the run's exit status into it when the run ends.
   slurm   writes <workdir>/slurm/sweep.sbatch, a job array with one task per run (--parallel
           becomes the array's `%N`, the most tasks running at once), submits it with `sbatch` and
           prints the job id; each task's output goes to <workdir>/slurm/<job>_<task>.out. A task
-          runs `python -m experiments.launchers <run dir>` (`task` below), which runs the command
+          runs `python -m attn.launching.launchers <run dir>` (`task` below), which runs the command
           recorded in that run directory and records its exit status, exactly as the local launcher
           does, so `launch.py ... --collect` can tell finished, failed and pending runs apart.
 
@@ -232,7 +232,7 @@ class Slurm:
     runs = [run for _, run in jobs]
     lines = ["#!/bin/bash",
              f"# Written by launch.py ({now()}): one array task per run in RUNS. Task i runs",
-             "# `python -m experiments.launchers RUNS[i]`, which runs the command recorded in",
+             "# `python -m attn.launching.launchers RUNS[i]`, which runs the command recorded in",
              f"# RUNS[i]/{RECORD} (shown after it) and records its exit status there.",
              *[f"#SBATCH {d}" for d in self.directives(len(runs), workdir)],
              "set -eu",
@@ -240,7 +240,7 @@ class Slurm:
              "RUNS=(",
              *[f"  {shlex.quote(run.workdir)}  # {shlex.join(run.command[1:])}" for run in runs],
              ")",
-             f'exec {shlex.quote(sys.executable)} -m experiments.launchers '
+             f'exec {shlex.quote(sys.executable)} -m attn.launching.launchers '
              '"${RUNS[$SLURM_ARRAY_TASK_ID]}"']
     return "\n".join(lines) + "\n"
 
@@ -305,7 +305,7 @@ def task(run_dir) -> int:
 
 if __name__ == "__main__":
   if len(sys.argv) != 2:
-    print("usage: python -m experiments.launchers <run dir>  (what a Slurm array task of "
+    print("usage: python -m attn.launching.launchers <run dir>  (what a Slurm array task of "
           "launch.py runs)", file=sys.stderr)
     sys.exit(2)
   sys.exit(task(sys.argv[1]))
