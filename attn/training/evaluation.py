@@ -5,7 +5,6 @@ attention.png)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn.common.jitting import jitted
 from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
 from attn.training import distributed
@@ -29,13 +29,6 @@ BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths", "src_ext", "tgt_ext")
 def device_batch(batch):
   """The arrays of a data batch that go to the device (ids and lengths, no example metadata)."""
   return {k: v for k, v in batch.items() if k in BATCH_KEYS}
-
-
-@functools.lru_cache(maxsize=None)
-def jitted(fn, *bound, **static):
-  """`jax.jit(partial(fn, *bound, **static))`, cached on fn, the bound arguments (the task, the
-  graphdef) and the static ones, so each shape compiles once per run rather than once per call."""
-  return jax.jit(functools.partial(fn, *bound, **static))
 
 
 def eval_step(task, graphdef, params, batch):
