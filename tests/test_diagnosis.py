@@ -1,6 +1,6 @@
-"""attn.inspection.diagnosis: the per-step measures against float64 numpy / scipy, the interventions'
-invariants, gradient x input against finite differences, and experiments.diagnose end to end
-on a trained smoke run."""
+"""attn.inspection.diagnosis: the per-step measures (measures.py) against float64 numpy /
+scipy, the interventions' invariants (interventions.py), gradient x input against finite
+differences, and experiments.diagnose end to end on a trained smoke run."""
 
 import json
 import os
@@ -15,7 +15,8 @@ from flax import nnx
 from scipy import stats
 
 from attn import training
-from attn.inspection import diagnosis
+from attn.errors import ConfigError
+from attn.inspection import diagnosis, diagnosis_report, interventions, measures
 from attn.models import ModelConfig, build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,8 +35,8 @@ def test_entropy_of_uniform_is_log_n_and_of_one_hot_is_zero(n):
   mask = np.arange(Ts) < n
   uniform = np.where(mask, 1.0 / n, 0.0).astype(np.float32)
   one_hot = np.eye(Ts, dtype=np.float32)[n - 1]
-  np.testing.assert_allclose(diagnosis.entropy(uniform, mask), np.log(n), atol=1e-6)
-  np.testing.assert_allclose(diagnosis.entropy(one_hot, mask), 0.0, atol=1e-7)
+  np.testing.assert_allclose(measures.entropy(uniform, mask), np.log(n), atol=1e-6)
+  np.testing.assert_allclose(measures.entropy(one_hot, mask), 0.0, atol=1e-7)
 
 
 def test_entropy_matches_float64_numpy_and_ignores_masked_positions():
@@ -47,7 +48,7 @@ def test_entropy_matches_float64_numpy_and_ignores_masked_positions():
   w = np.where(mask, np.exp(logits), 0.0)
   w /= w.sum(-1, keepdims=True)
   garbage = np.where(mask, w, rng.uniform(size=w.shape))  # junk where masked
-  got = diagnosis.entropy(garbage.astype(np.float32), mask)
+  got = measures.entropy(garbage.astype(np.float32), mask)
   assert got.shape == (B, Tt) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, _np_entropy(w, mask), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got[2], 0.0, atol=1e-7)  # one valid position: no uncertainty
@@ -64,7 +65,7 @@ def test_entropy_matches_float64_numpy_and_ignores_masked_positions():
 def test_kendall_tau_matches_scipy_on_known_cases(x, y):
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   want = stats.kendalltau(x, y).statistic
-  got = diagnosis.kendall_tau(x.astype(np.float32), y.astype(np.float32), np.ones(len(x), bool))
+  got = measures.kendall_tau(x.astype(np.float32), y.astype(np.float32), np.ones(len(x), bool))
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
@@ -76,7 +77,7 @@ def test_kendall_tau_batched_with_masks_and_ties_matches_scipy():
   y[::3, :4] = 0.0                                        # ties in y too
   lengths = rng.integers(2, N + 1, size=B)
   mask = np.arange(N)[None, :] < lengths[:, None]
-  got = np.asarray(diagnosis.kendall_tau(x, y, mask))
+  got = np.asarray(measures.kendall_tau(x, y, mask))
   for b in range(B):
     n = lengths[b]
     want = stats.kendalltau(x[b, :n], y[b, :n]).statistic
@@ -89,7 +90,7 @@ def test_kendall_tau_batched_with_masks_and_ties_matches_scipy():
 def test_kendall_tau_is_nan_where_undefined():
   mask = np.array([[True, False, False], [True, True, True]])
   x = np.array([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]], np.float32)  # one valid; constant
-  got = np.asarray(diagnosis.kendall_tau(x, np.array([[1.0, 2.0, 3.0]] * 2, np.float32), mask))
+  got = np.asarray(measures.kendall_tau(x, np.array([[1.0, 2.0, 3.0]] * 2, np.float32), mask))
   assert np.isnan(got).all()
 
 
@@ -105,7 +106,7 @@ def _weights(seed=0, B=6, Ts=10):
 
 def test_permute_keeps_the_multiset_of_valid_weights_and_zeros_where_masked():
   w, mask = _weights()
-  fn = diagnosis.get_intervention("permute", jax.random.PRNGKey(3))
+  fn = interventions.get("permute", jax.random.PRNGKey(3))
   for t in (0, 1, 5):
     out = np.asarray(fn(w, mask, t))
     assert out.shape == w.shape
@@ -116,14 +117,14 @@ def test_permute_keeps_the_multiset_of_valid_weights_and_zeros_where_masked():
   # it permutes (a 10-long row is not left in place by all three draws) and depends on t and key
   a, b = np.asarray(fn(w, mask, 0)), np.asarray(fn(w, mask, 1))
   assert not np.array_equal(a[0], np.asarray(w)[0]) and not np.array_equal(a[0], b[0])
-  other = diagnosis.get_intervention("permute", jax.random.PRNGKey(4))
+  other = interventions.get("permute", jax.random.PRNGKey(4))
   assert not np.array_equal(a[0], np.asarray(other(w, mask, 0))[0])
   np.testing.assert_array_equal(a, np.asarray(fn(w, mask, 0)))  # seeded: reproducible
 
 
 def test_uniform_sums_to_one_over_valid_positions():
   w, mask = _weights()
-  out = np.asarray(diagnosis.get_intervention("uniform")(w, mask, 0))
+  out = np.asarray(interventions.get("uniform")(w, mask, 0))
   m = np.asarray(mask)
   np.testing.assert_allclose(out.sum(-1), 1.0, rtol=1e-6)
   assert (out[~m] == 0).all()
@@ -133,7 +134,7 @@ def test_uniform_sums_to_one_over_valid_positions():
 
 def test_zero_top_removes_the_argmax_and_renormalizes():
   w, mask = _weights()
-  out = np.asarray(diagnosis.get_intervention("zero_top")(w, mask, 0))
+  out = np.asarray(interventions.get("zero_top")(w, mask, 0))
   w, m = np.asarray(w), np.asarray(mask)
   top = np.argmax(np.where(m, w, -1), -1)  # [B, 1]
   for b in range(w.shape[0]):
@@ -150,19 +151,19 @@ def test_zero_top_removes_the_argmax_and_renormalizes():
 def test_zero_top_of_a_one_hot_row_falls_back_to_uniform_over_the_rest():
   w = jnp.asarray([[[0.0, 1.0, 0.0, 0.0]]])
   mask = jnp.asarray([[[True, True, True, False]]])
-  np.testing.assert_allclose(diagnosis.get_intervention("zero_top")(w, mask, 0),
+  np.testing.assert_allclose(interventions.get("zero_top")(w, mask, 0),
                              [[[0.5, 0.0, 0.5, 0.0]]])
 
 
 def test_unknown_intervention_lists_the_known_ones():
-  with pytest.raises(diagnosis.DiagnosisError, match="permute"):
-    diagnosis.get_intervention("shuffle")
+  with pytest.raises(ConfigError, match="permute"):
+    interventions.get("shuffle")
 
 
 def test_output_divergences_against_numpy():
   rng = np.random.default_rng(2)
   a, b = rng.normal(size=(2, 4, 7)) * 3
-  tv, js, flip = map(np.asarray, diagnosis.output_divergences(a, b))
+  tv, js, flip = map(np.asarray, measures.output_divergences(a, b))
   p = np.exp(a) / np.exp(a).sum(-1, keepdims=True)
   q = np.exp(b) / np.exp(b).sum(-1, keepdims=True)
   m = (p + q) / 2
@@ -171,7 +172,7 @@ def test_output_divergences_against_numpy():
   np.testing.assert_allclose(js, want_js, rtol=1e-4, atol=1e-7)
   assert (js <= np.log(2) + 1e-6).all()
   np.testing.assert_array_equal(flip, p.argmax(-1) != q.argmax(-1))
-  tv0, js0, flip0 = diagnosis.output_divergences(a, a)
+  tv0, js0, flip0 = measures.output_divergences(a, a)
   assert float(jnp.max(tv0)) == 0.0 and float(jnp.max(js0)) == 0.0 and not bool(flip0.any())
 
 
@@ -199,9 +200,9 @@ def _jit_on_model(fn, model, batch, **kw):
 
 def test_identity_counterfactual_equals_the_real_path(tiny):
   model, batch = tiny
-  logits, logits_cf, att = model.counterfactual(batch, diagnosis.get_intervention("identity"))
+  logits, logits_cf, att = model.counterfactual(batch, interventions.get("identity"))
   np.testing.assert_array_equal(np.asarray(logits_cf), np.asarray(logits))
-  tv, _, flip = diagnosis.output_divergences(logits, logits_cf)
+  tv, _, flip = measures.output_divergences(logits, logits_cf)
   assert float(jnp.max(tv)) == 0.0 and not bool(flip.any())
   ref_logits, ref_att = model.attention(batch)  # the real path is plain teacher forcing
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-6)
@@ -210,12 +211,12 @@ def test_identity_counterfactual_equals_the_real_path(tiny):
 
 def test_gradient_x_input_matches_finite_differences(tiny):
   model, batch = tiny
-  gxi = np.asarray(_jit_on_model(diagnosis.gradient_x_input, model, batch))  # [B, Tt, Ts]
+  gxi = np.asarray(_jit_on_model(measures.gradient_x_input, model, batch))  # [B, Tt, Ts]
   assert gxi.shape == (2, 5, 6)
   assert (gxi[1, :, 3:] == 0).all()  # padded source positions get nothing
   x = model.encoder.embed(batch["src"])  # [B, Ts, E]
   graphdef, state = nnx.split(model)
-  log_probs = jax.jit(lambda state, off: diagnosis._token_log_probs(
+  log_probs = jax.jit(lambda state, off: measures._token_log_probs(
       nnx.merge(graphdef, state), batch, off))  # [B, Tt]
   lp = lambda off: np.asarray(log_probs(state, off), np.float64)
   eps = 1e-2
@@ -230,9 +231,9 @@ def test_gradient_x_input_matches_finite_differences(tiny):
 
 def test_integrated_gradients_are_complete(tiny):
   model, batch = tiny
-  ig = np.asarray(_jit_on_model(diagnosis.integrated_gradients, model, batch, steps=32))
+  ig = np.asarray(_jit_on_model(measures.integrated_gradients, model, batch, steps=32))
   x = model.encoder.embed(batch["src"])
-  lp = lambda off: np.asarray(diagnosis._token_log_probs(model, batch, off))
+  lp = lambda off: np.asarray(measures._token_log_probs(model, batch, off))
   gap = lp(jnp.zeros_like(x)) - lp(-x)  # log p(y | x) - log p(y | 0 embeddings)  [B, Tt]
   np.testing.assert_allclose(ig.sum(-1), gap, rtol=5e-2, atol=5e-3)
 
@@ -242,15 +243,15 @@ def test_shifted_gold_moves_links_and_drops_them_at_the_edges():
   for t, s in enumerate([3, 2, 1, 0]):  # a reversal of 4 tokens (+ EOS column unused)
     gold[0, t, s] = 1.0
   tl, sl = np.array([4]), np.array([5])
-  prev = diagnosis.shifted_gold(gold, tl, sl, -1, "target")
+  prev = measures.shifted_gold(gold, tl, sl, -1, "target")
   np.testing.assert_array_equal(prev[0, 0], 0.0)           # nothing before the first token
   np.testing.assert_array_equal(prev[0, 1:], gold[0, :-1])
-  right = diagnosis.shifted_gold(gold, tl, sl, 1, "source")  # link (t, s) moves to (t, s+1)
+  right = measures.shifted_gold(gold, tl, sl, 1, "source")  # link (t, s) moves to (t, s+1)
   np.testing.assert_array_equal(right[0, :, 1:], gold[0, :, :-1])
   np.testing.assert_array_equal(right[0, :, 0], 0.0)
   # on a reversal, "the previous target token" is "one source position to the right"
-  np.testing.assert_array_equal(diagnosis.shifted_gold(gold, tl, sl, -1, "target")[0, 1:],
-                                diagnosis.shifted_gold(gold, tl, sl, 1, "source")[0, 1:])
+  np.testing.assert_array_equal(measures.shifted_gold(gold, tl, sl, -1, "target")[0, 1:],
+                                measures.shifted_gold(gold, tl, sl, 1, "source")[0, 1:])
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -281,7 +282,7 @@ def smoke_run(smoke_workdir):
 def test_diagnose_entry_point_writes_the_report_and_plots(smoke_workdir, cli_report):
   r, stdout = cli_report
   assert "| permute |" in stdout and "Kendall tau" in stdout
-  for name in diagnosis.PLOTS:
+  for name in diagnosis_report.PLOTS:
     assert os.path.getsize(os.path.join(smoke_workdir, name)) > 1000, name
   assert r["n_examples"] == 8 and r["n_steps"] >= 8 and r["split"] == "test"
   assert r["model"]["decoder"] == "bahdanau"
@@ -320,7 +321,7 @@ def test_diagnose_in_process_reproduces_the_entry_point(smoke_run, cli_report):
     assert [k for k, _ in got] == [k for k, _ in want], key
     np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-5, err_msg=key)
   assert d.steps["entropy"].shape == (d.report["n_steps"],)
-  assert "permute" in diagnosis.format_table(d.report)
+  assert "permute" in diagnosis_report.format_table(d.report)
 
 
 def test_a_run_without_attention_or_results_is_one_error_line(smoke_run, tmp_path):
@@ -367,7 +368,7 @@ def tiny_transformer():
 
 def test_transformer_counterfactual_identity_is_the_real_path(tiny_transformer):
   model, batch = tiny_transformer
-  logits, logits_cf, att = model.counterfactual(batch, diagnosis.get_intervention("identity"))
+  logits, logits_cf, att = model.counterfactual(batch, interventions.get("identity"))
   ref_logits, ref_att = model.attention(batch)
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(logits_cf, logits, rtol=1e-5, atol=1e-5)
@@ -381,7 +382,7 @@ def test_transformer_uniform_counterfactual_is_a_model_whose_queries_see_nothing
   can reach it) must equal the `uniform` counterfactual of step 0 in every layer and head; later
   steps differ (their prefix keeps its real attention in the counterfactual)."""
   model, batch = tiny_transformer
-  logits, logits_cf, _ = model.counterfactual(batch, diagnosis.get_intervention("uniform"))
+  logits, logits_cf, _ = model.counterfactual(batch, interventions.get("uniform"))
   blind = nnx.clone(model)  # a copy: merge(split(model)) would share the model's Variables
   for layer in blind.decoder.layers:
     layer.cross.params["wq"][...] = jnp.zeros_like(layer.cross.params["wq"][...])
@@ -397,10 +398,10 @@ def test_transformer_uniform_counterfactual_is_a_model_whose_queries_see_nothing
 
 def test_transformer_gradient_x_input_matches_finite_differences(tiny_transformer):
   model, batch = tiny_transformer
-  gxi = np.asarray(_jit_on_model(diagnosis.gradient_x_input, model, batch))  # [B, Tt, Ts]
+  gxi = np.asarray(_jit_on_model(measures.gradient_x_input, model, batch))  # [B, Tt, Ts]
   x = model.encoder.embed(batch["src"])
   graphdef, state = nnx.split(model)
-  log_probs = jax.jit(lambda state, off: diagnosis._token_log_probs(
+  log_probs = jax.jit(lambda state, off: measures._token_log_probs(
       nnx.merge(graphdef, state), batch, off))
   lp = lambda off: np.asarray(log_probs(state, off), np.float64)
   eps = 1e-2
@@ -414,11 +415,11 @@ def test_a_transformer_run_is_diagnosed_per_layer_and_head(smoke_transformer_wor
   wd = smoke_transformer_workdir
   run = training.load_run(wd)
   d = diagnosis.diagnose(run, max_examples=8)  # the entry point's steps, in process
-  with open(diagnosis.write(d, str(tmp_path))) as f:
+  with open(diagnosis_report.write(d, str(tmp_path))) as f:
     r = json.load(f)
-  for name in diagnosis.PLOTS + (diagnosis.HEADS_PLOT,):
+  for name in diagnosis_report.PLOTS + (diagnosis_report.HEADS_PLOT,):
     assert os.path.getsize(os.path.join(tmp_path, name)) > 1000, name
-  table = diagnosis.format_table(r)
+  table = diagnosis_report.format_table(r)
   assert "layer 2:" in table and "zero_top in one layer alone" in table
   assert r["model"]["decoder"] == "transformer" and r["n_examples"] == 8
   h = r["heads"]
@@ -461,7 +462,7 @@ def test_transformer_counterfactual_in_one_layer_leaves_the_others_alone(tiny_tr
   """Intervening in layer 0 and layer 1 separately differs from intervening in both; naming
   every layer is the default; a layer index out of range is refused."""
   model, batch = tiny_transformer
-  fn = diagnosis.get_intervention("uniform")
+  fn = interventions.get("uniform")
   _, both, _ = model.counterfactual(batch, fn)
   _, named, _ = model.counterfactual(batch, fn, layers=(0, 1))
   _, first, _ = model.counterfactual(batch, fn, layers=(0,))
