@@ -1,7 +1,10 @@
 """The reading-focus demo: story generator, reader, training, evaluation files and the API."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -13,6 +16,7 @@ from flax import nnx
 
 import attn
 from attn.inspection import focus
+from attn.inspection import focus_server
 from attn.inspection import stories
 from attn.models import reader
 from attn.errors import ConfigError
@@ -20,6 +24,7 @@ from attn.data.tokens import UNK
 
 MIXED = stories.StoryConfig(object_questions=0.5, min_sentences=3, max_sentences=10)
 NORMALIZERS = attn.canonical_names("normalizer")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SENTENCE = re.compile(r"^(\w+) (.+?) the (\w+)\.$")
 
 
@@ -139,7 +144,7 @@ def test_the_workdir_holds_results_table_page_and_a_servable_model(trained):
   with open(f"{workdir}/{focus.TABLE_FILE}") as f:
     table = f.read()
   assert "| softmax |" in table and "**sparsemax** by inference temperature" in table
-  service = focus.FocusService.from_workdir(workdir)
+  service = focus_server.FocusService.from_workdir(workdir)
   assert service.info()["normalizers"] == list(SMALL.normalizers)
   assert len(service.info()["samples"]) == 3
   ex = service.samples[0]
@@ -154,7 +159,7 @@ def service():
   sc = stories.StoryConfig(max_sentences=6)
   vocab = stories.Vocab.for_config(sc)
   cfg = focus.FocusConfig(stories=sc, normalizers=("softmax",), dim=8)
-  return focus.FocusService(sc, vocab, {"softmax": reader.build(cfg.reader_config("softmax",
+  return focus_server.FocusService(sc, vocab, {"softmax": reader.build(cfg.reader_config("softmax",
                                                                                   len(vocab)))})
 
 
@@ -169,12 +174,12 @@ def test_the_service_reports_unknown_words_and_refuses_what_it_cannot_read(servi
       ("Mary went to the kitchen.", "Where is Mary?", 1, "sparsemax", "not trained"),
       (". ".join(["Mary went to the kitchen"] * 7), "Where is Mary?", 1, None, "at most 6"),
   ]:
-    with pytest.raises(focus.BadRequest, match=match):
+    with pytest.raises(focus_server.BadRequest, match=match):
       service.read(story, question, t, n)
 
 
 def test_the_http_api_answers_400_with_a_json_error_for_an_empty_question(service):
-  server = focus.make_server(service, "<html>page</html>", port=0)
+  server = focus_server.make_server(service, "<html>page</html>", port=0)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   base = f"http://127.0.0.1:{server.server_port}"
   try:
@@ -202,3 +207,27 @@ def test_bad_config_values_are_config_errors():
     focus.FocusConfig(temperatures=(0.0,))
   with pytest.raises(ConfigError, match="min_sentences"):
     stories.StoryConfig(min_sentences=5, max_sentences=3)
+
+
+def _focus_cli(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.focus", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_entry_point_trains_what_its_flags_say_and_refuses_bad_ones_in_one_line(tmp_path):
+  done = _focus_cli(f"--workdir={tmp_path}", "--normalizers=sparsemax", "--temperatures=0.5,2",
+                    "--steps=20", "--train_size=64", "--test_size=16", "--num_samples=2",
+                    "--max_sentences=6", "--object_questions=0.5", "--dim=8")
+  assert done.returncode == 0, done.stderr[-2000:]
+  with open(tmp_path / focus.RESULTS_FILE) as f:
+    config = json.load(f)["config"]
+  assert config == json.loads(json.dumps(focus._config_dict(focus.FocusConfig(  # pylint: disable=protected-access
+      stories=stories.StoryConfig(max_sentences=6, object_questions=0.5),
+      normalizers=("sparsemax",), temperatures=(0.5, 2.0), steps=20, train_size=64,
+      test_size=16, num_samples=2, dim=8))))
+  for args, message in [(["--serve_only"], "--serve_only needs --port"),
+                        (["--temperatures=0.1,hot"], "--temperatures"),
+                        (["--normalizers=softmax,nope"], "unknown normalizer")]:
+    done = _focus_cli(f"--workdir={tmp_path}", *args)
+    assert done.returncode == 2 and done.stderr.startswith("error:"), (args, done.stderr[-2000:])
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from attn.inspection import focus
+from attn.inspection import focus_server
 from attn.inspection import stories
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 
@@ -24,8 +25,8 @@ def site(tmp_path_factory):
   """(base URL, service) of a server on a free port, in a thread, with two tiny trained readers."""
   workdir = str(tmp_path_factory.mktemp("focus_page"))
   focus.train_and_evaluate(TINY, workdir, verbose=False)
-  service = focus.FocusService.from_workdir(workdir)
-  server = focus.make_server(service, focus.inline_page(WEB_DIR), port=0)
+  service = focus_server.FocusService.from_workdir(workdir)
+  server = focus_server.make_server(service, focus_server.inline_page(WEB_DIR), port=0)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   yield f"http://127.0.0.1:{server.server_port}/", service
   server.shutdown()

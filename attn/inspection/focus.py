@@ -1,10 +1,10 @@
 """The reading-focus demo's library: train one-hop readers (attn.models.reader) on bAbI-style
-stories (attn.inspection.stories), one per normalizer; measure where they look and what they answer at
-several inference temperatures; save them; answer the page's queries over HTTP.
+stories (attn.inspection.stories), one per normalizer; measure where they look and what they
+answer at several inference temperatures; save them.
 
     results = focus.train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
-    service = focus.FocusService.from_workdir("workdirs/focus")
-    focus.make_server(service, focus.inline_page(web_dir), port=8000).serve_forever()
+
+The page and its API are attn.inspection.focus_server.
 
 Metrics on the held-out test set, per normalizer and temperature T:
 - evidence hit rate: argmax of the attention weights == the gold final supporting fact (for
@@ -19,18 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import logging
 import math
 import os
-import re
-import tempfile
-import threading
 import time
-import traceback
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import jax
 import jax.numpy as jnp
@@ -38,11 +29,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attn.common import files
+from attn.common.tables import markdown_table
+from attn.config.configurable import option
+from attn.errors import ConfigError
 from attn.inspection import stories
-from attn.errors import ConfigError, DataError
 from attn.models import reader
-
-log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.json"  # story config, vocabulary, reader configs, sample stories
 RESULTS_FILE = "focus.json"
@@ -57,20 +49,23 @@ def params_file(normalizer: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FocusConfig:
-  """The demo's settings; defaults train each normalizer in well under a minute on 2 CPU cores."""
-  stories: stories.StoryConfig = stories.StoryConfig()
-  score: str = "dot"  # any registered score
-  normalizers: tuple[str, ...] = ("softmax", "sparsemax", "entmax15")
-  temperatures: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)  # evaluated after training
-  dim: int = 32  # embedding size d
-  d_attn: int = 32  # additive score hidden size
-  steps: int = 3000  # Adam steps per normalizer
-  batch_size: int = 64
-  learning_rate: float = 0.01
-  train_size: int = 10000  # training stories (bAbI's larger set has 10k)
-  test_size: int = 1000
-  num_samples: int = 20  # test stories offered on the page
-  seed: int = 0
+  """The demo's settings (`python -m experiments.focus` takes one flag per field, the stories'
+  fields included); defaults train each normalizer in well under a minute on 2 CPU cores."""
+  stories: stories.StoryConfig = option(stories.StoryConfig(), "What the stories are drawn from.")
+  score: str = option("dot", "Attention score (registry name).")
+  normalizers: tuple[str, ...] = option(("softmax", "sparsemax", "entmax15"),
+                                        "Normalizers to train a reader with (registry names).")
+  temperatures: tuple[float, ...] = option((0.1, 0.3, 1.0, 3.0, 10.0),
+                                           "Inference temperatures to evaluate.")
+  dim: int = option(32, "Embedding size d.")
+  d_attn: int = option(32, "Hidden size of the additive score.")
+  steps: int = option(3000, "Adam steps per normalizer.")
+  batch_size: int = option(64, "Stories per Adam step.")
+  learning_rate: float = option(0.01, "Adam learning rate.")
+  train_size: int = option(10000, "Training stories (bAbI's larger set has 10k).")
+  test_size: int = option(1000, "Test stories.")
+  num_samples: int = option(20, "Test stories offered on the page.")
+  seed: int = option(0, "Random seed (stories and initialization).")
 
   def __post_init__(self):
     if not self.normalizers:
@@ -182,19 +177,9 @@ def baselines(data: stories.Arrays, num_answers: int) -> dict:
 
 # ----------------------------------------------------------------------------- files
 
-def _write_atomic(path: str, text: str):
-  d = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def _save_params_atomic(path: str, model):
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-  os.close(fd)
-  reader.save_params(tmp, model)
-  os.replace(tmp, path)
+def _save_params(path: str, model):
+  with files.atomic_path(path) as tmp:
+    reader.save_params(tmp, model)
 
 
 def _sample_record(ex: stories.Example) -> dict:
@@ -203,33 +188,39 @@ def _sample_record(ex: stories.Example) -> dict:
 
 
 def results_table(results: dict) -> str:
-  """Markdown: a summary at T = 1 and one table per normalizer over the temperatures."""
+  """Markdown: a summary at T = 1 and one table per normalizer over the temperatures (with hit
+  rate / accuracy per question kind when there are several kinds)."""
   base = results["baselines"]
   kinds = sorted({k for r in results["normalizers"].values() for row in r["eval"]
                   for k in row["by_kind"]})
+  kinds = kinds if len(kinds) > 1 else []
   lines = [f"score `{results['config']['score']}`; test set of {results['config']['test_size']} "
            f"stories; chance: evidence {base['evidence_uniform']:.3f} (uniform), "
            f"{base['evidence_last_sentence']:.3f} (last sentence); answer "
-           f"{base['answer_uniform']:.3f}", "",
-           "| normalizer | evidence hit rate (T=1) | answer accuracy (T=1) | train time (s) | "
-           "final loss |", "|---|---|---|---|---|"]
+           f"{base['answer_uniform']:.3f}", ""]
+  summary = []
   for name, r in results["normalizers"].items():
-    row = min(r["eval"], key=lambda x: abs(math.log(x["temperature"])))
-    lines.append(f"| {name} | {row['evidence_hit_rate']:.3f} | {row['answer_accuracy']:.3f} | "
-                 f"{r['train_seconds']:.1f} | {r['final_loss']:.3f} |")
+    row = _nearest_to_one(r["eval"])
+    summary.append([name, f"{row['evidence_hit_rate']:.3f}", f"{row['answer_accuracy']:.3f}",
+                    f"{r['train_seconds']:.1f}", f"{r['final_loss']:.3f}"])
+  lines.append(markdown_table(["normalizer", "evidence hit rate (T=1)", "answer accuracy (T=1)",
+                               "train time (s)", "final loss"], summary))
+  header = ["T", "evidence hit rate", "answer accuracy", "mean max weight",
+            "mean non-zero weights"] + [f"{k}: hit / acc" for k in kinds]
   for name, r in results["normalizers"].items():
-    head = "| T | evidence hit rate | answer accuracy | mean max weight | mean non-zero weights |"
-    extra = "".join(f" {k}: hit / acc |" for k in kinds) if len(kinds) > 1 else ""
-    lines += ["", f"**{name}** by inference temperature", "", head + extra,
-              "|---" * (5 + (len(kinds) if extra else 0)) + "|"]
-    for row in r["eval"]:
-      cells = "".join(f" {row['by_kind'][k]['evidence_hit_rate']:.3f} / "
-                      f"{row['by_kind'][k]['answer_accuracy']:.3f} |" if k in row["by_kind"]
-                      else " - |" for k in kinds) if extra else ""
-      lines.append(f"| {row['temperature']:g} | {row['evidence_hit_rate']:.3f} | "
-                   f"{row['answer_accuracy']:.3f} | {row['mean_max_weight']:.3f} | "
-                   f"{row['mean_nonzero_weights']:.2f} |" + cells)
+    rows = [[f"{row['temperature']:g}", f"{row['evidence_hit_rate']:.3f}",
+             f"{row['answer_accuracy']:.3f}", f"{row['mean_max_weight']:.3f}",
+             f"{row['mean_nonzero_weights']:.2f}"]
+            + [f"{row['by_kind'][k]['evidence_hit_rate']:.3f} / "
+               f"{row['by_kind'][k]['answer_accuracy']:.3f}" if k in row["by_kind"] else "-"
+               for k in kinds] for row in r["eval"]]
+    lines += ["", f"**{name}** by inference temperature", "", markdown_table(header, rows)]
   return "\n".join(lines) + "\n"
+
+
+def _nearest_to_one(rows: list[dict]) -> dict:
+  """The evaluation row whose temperature is nearest to 1 (on a log scale)."""
+  return min(rows, key=lambda x: abs(math.log(x["temperature"])))
 
 
 def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = None,
@@ -255,20 +246,21 @@ def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = Non
         flush=True))
     seconds = time.time() - t0
     rows = evaluate(model, test_data, cfg.temperatures)
-    one = min(rows, key=lambda x: abs(math.log(x["temperature"])))
+    one = _nearest_to_one(rows)
     say(f"{name}: trained in {seconds:.1f}s; at T={one['temperature']:g} evidence hit rate "
         f"{one['evidence_hit_rate']:.3f}, answer accuracy {one['answer_accuracy']:.3f}", flush=True)
     results["normalizers"][name] = {"train_seconds": seconds, "final_loss": float(
         losses[-50:].mean()), "eval": rows}
-    _save_params_atomic(os.path.join(workdir, params_file(name)), model)
+    _save_params(os.path.join(workdir, params_file(name)), model)
     readers[name] = model.cfg.to_dict()
-  _write_atomic(os.path.join(workdir, MODEL_FILE), json.dumps({
+  files.write_json(os.path.join(workdir, MODEL_FILE), {
       "stories": dataclasses.asdict(sc), "vocab": vocab.words, "readers": readers,
-      "samples": [_sample_record(ex) for ex in test_set[:cfg.num_samples]]}, indent=1))
+      "samples": [_sample_record(ex) for ex in test_set[:cfg.num_samples]]})
   if page is not None:
-    _write_atomic(os.path.join(workdir, PAGE_FILE), page)
-  _write_atomic(os.path.join(workdir, TABLE_FILE), "# Reading focus\n\n" + results_table(results))
-  _write_atomic(os.path.join(workdir, RESULTS_FILE), json.dumps(results, indent=1))
+    files.write_text(os.path.join(workdir, PAGE_FILE), page)
+  files.write_text(os.path.join(workdir, TABLE_FILE),
+                   "# Reading focus\n\n" + results_table(results))
+  files.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results
 
 
@@ -276,158 +268,3 @@ def _config_dict(cfg: FocusConfig) -> dict:
   d = dataclasses.asdict(cfg)
   d["normalizers"], d["temperatures"] = list(cfg.normalizers), list(cfg.temperatures)
   return d
-
-
-# ----------------------------------------------------------------------------- serving
-
-class BadRequest(DataError):
-  """A query the page should show as a message (HTTP 400)."""
-
-
-def _bucket(n: int, step: int = 8) -> int:
-  """Pads word axes to a multiple of `step`, so typed stories reuse a few compiled shapes."""
-  return max(step, -(-n // step) * step)
-
-
-class FocusService:
-  """Answers the page: trained readers by normalizer, the vocabulary and sample stories."""
-
-  def __init__(self, story_config: stories.StoryConfig, vocab: stories.Vocab,
-               models: dict[str, reader.Reader], samples: list[dict] = ()):
-    if not models:
-      raise ConfigError("a FocusService needs at least one trained reader")
-    self.story_config, self.vocab, self.samples = story_config, vocab, list(samples)
-    self.models = {name: nnx.split(m) for name, m in models.items()}
-    self.configs = {name: m.cfg for name, m in models.items()}
-    self.max_sentences = next(iter(models.values())).cfg.max_sentences
-    self._lock = threading.Lock()  # one request at a time through jax (tiny model, many threads)
-
-  @classmethod
-  def from_workdir(cls, workdir: str) -> "FocusService":
-    path = os.path.join(workdir, MODEL_FILE)
-    if not os.path.exists(path):
-      raise ConfigError(f"no trained reader in {workdir} ({MODEL_FILE} is missing): run "
-                        f"without --serve_only first")
-    with open(path) as f:
-      saved = json.load(f)
-    sc = stories.StoryConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                for k, v in saved["stories"].items()})
-    vocab = stories.Vocab(saved["vocab"])
-    if vocab.words != saved["vocab"]:
-      raise ConfigError(f"{path}: the vocabulary does not round-trip")
-    models = {}
-    for name, rc in saved["readers"].items():
-      p = os.path.join(workdir, params_file(name))
-      if not os.path.exists(p):
-        raise ConfigError(f"{p} is missing: retrain (run without --serve_only)")
-      models[name] = reader.load_params(p, reader.ReaderConfig(**rc))
-    return cls(sc, vocab, models, saved.get("samples", []))
-
-  def info(self) -> dict:
-    return {"normalizers": list(self.models), "score": next(iter(self.configs.values())).score,
-            "max_sentences": self.max_sentences, "answers": list(self.story_config.places),
-            "temperature_range": list(TEMPERATURE_RANGE), "samples": self.samples}
-
-  def read(self, story: str, question: str, temperature=1.0, normalizer: str | None = None) -> dict:
-    """One story (text: sentences per line or ended by . ! ?) and question -> sentences, their
-    weights and raw scores, the answer, its probability, the top answers and unknown words.
-    Raises BadRequest for what the user can fix."""
-    normalizer = normalizer or next(iter(self.models))
-    if normalizer not in self.models:
-      raise BadRequest(f"normalizer {normalizer!r} was not trained here; trained: "
-                       f"{', '.join(self.models)}")
-    try:
-      temperature = float(temperature)
-    except (TypeError, ValueError):
-      raise BadRequest(f"temperature must be a number, got {temperature!r}") from None
-    lo, hi = TEMPERATURE_RANGE
-    if not (math.isfinite(temperature) and lo <= temperature <= hi):
-      raise BadRequest(f"temperature must lie in [{lo:g}, {hi:g}], got {temperature:g}")
-    if not stories.tokenize(question or ""):
-      raise BadRequest("the question is empty: type one, e.g. \"Where is Mary?\"")
-    sentences = stories.split_sentences(story or "")
-    if not sentences:
-      raise BadRequest("the story is empty: pick a sample story or type sentences, one per line")
-    if len(sentences) > self.max_sentences:
-      raise BadRequest(f"the story has {len(sentences)} sentences; this reader was trained on "
-                       f"stories of at most {self.max_sentences}")
-    ids = [self.vocab.encode(s) for s in sentences]
-    q_ids = self.vocab.encode(question)
-    x, mask = stories.pad_stories([ids], self.max_sentences, _bucket(max(map(len, ids))))
-    q = stories.pad_questions([q_ids], _bucket(len(q_ids)))
-    with self._lock:
-      out = reader.read(*self.models[normalizer], x, mask, q, temperature)
-      log_probs, w, e = (np.asarray(a[0], np.float64) for a in out)
-    n = len(sentences)
-    probs = np.exp(log_probs)
-    order = np.argsort(-probs)
-    answers = self.story_config.places
-    return {
-        "sentences": sentences, "weights": w[:n].tolist(), "scores": e[:n].tolist(),
-        "answer": answers[order[0]], "answer_prob": float(probs[order[0]]),
-        "top_answers": [{"answer": answers[i], "prob": float(probs[i])} for i in order[:3]],
-        "unknown_words": self.vocab.unknown(" ".join(sentences) + " " + question),
-        "temperature": temperature, "normalizer": normalizer,
-    }
-
-
-def inline_page(web_dir: str, name: str = "focus") -> str:
-  """<name>.html with its <name>.css and <name>.js inlined: one self-contained file."""
-  def text(ext):
-    with open(os.path.join(web_dir, f"{name}.{ext}")) as f:
-      return f.read()
-  page = text("html")
-  css, js = text("css"), text("js")
-  if "</script" in js.lower():
-    raise ValueError(f"{name}.js must not contain '</script' (it is inlined)")
-  page = re.sub(rf'<link rel="stylesheet" href="{name}\.css">', lambda _: f"<style>\n{css}</style>",
-                page)
-  page = re.sub(rf'<script src="{name}\.js"></script>', lambda _: f"<script>\n{js}</script>", page)
-  return page
-
-
-def make_server(service: FocusService, page: str, port: int = 0,
-                host: str = "127.0.0.1") -> ThreadingHTTPServer:
-  """An HTTP server (not yet serving): GET / -> the page, /api/info -> normalizers and sample
-  stories, /api/read?story=&question=&temperature=&normalizer= -> FocusService.read as JSON;
-  a BadRequest becomes HTTP 400 {"error": ...}. port 0 picks a free port (server.server_port)."""
-
-  class Handler(BaseHTTPRequestHandler):
-
-    def _send(self, status, body: bytes, content_type: str):
-      self.send_response(status)
-      self.send_header("Content-Type", content_type)
-      self.send_header("Content-Length", str(len(body)))
-      self.send_header("Cache-Control", "no-store")
-      self.end_headers()
-      self.wfile.write(body)
-
-    def _json(self, status, obj):
-      self._send(status, json.dumps(obj).encode(), "application/json")
-
-    def do_GET(self):  # pylint: disable=invalid-name
-      url = urlsplit(self.path)
-      query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-      try:
-        if url.path in ("/", "/index.html", "/" + PAGE_FILE):
-          self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
-        elif url.path == "/api/info":
-          self._json(HTTPStatus.OK, service.info())
-        elif url.path == "/api/read":
-          self._json(HTTPStatus.OK, service.read(
-              query.get("story", ""), query.get("question", ""),
-              query.get("temperature", "1"), query.get("normalizer") or None))
-        else:
-          self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {url.path}"})
-      except BadRequest as e:
-        self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
-      except Exception as e:  # pylint: disable=broad-except  (a bug: keep serving, log it)
-        log.error("focus server: %s", traceback.format_exc())
-        self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"server error: {e}"})
-
-    def log_message(self, format, *args):  # pylint: disable=redefined-builtin
-      del format, args  # quiet: the page polls on every slider move
-
-  server = ThreadingHTTPServer((host, port), Handler)
-  server.daemon_threads = True
-  return server

@@ -13,9 +13,9 @@ of the actor; for object questions the *final* supporting fact, the holder's las
 pick-up is the other gold fact, kept in `supports`). Object questions are only asked about an
 object someone holds after having moved somewhere, so the answer is always well defined.
 
-Vocabulary: lowercased words, punctuation stripped, ids from attn.data.tokens (PAD = 0, UNK = 3); it is
-built from the config's word lists (not from a sample), so train, test and typed stories share it.
-Answers index `config.places`.
+Vocabulary: lowercased words, punctuation stripped, ids from attn.data.tokens (PAD = 0,
+UNK = 3); it is built from the config's word lists (not from a sample), so train, test and typed
+stories share it. Answers index `config.places`.
 
 Arrays (`encode`): story [N, S, W] word ids (PAD past each sentence and story), story_mask [N, S]
 bool (True = a sentence), question [N, Wq], answer [N] (index into places), support [N] (sentence
@@ -30,8 +30,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attn.errors import ConfigError
+from attn.config.configurable import option
 from attn.data.tokens import PAD, SPECIAL_TOKENS, UNK
+from attn.errors import ConfigError
 
 KINDS = ("actor", "object")
 # bAbI's verbs: several surface forms per action, so the reader must learn that they mean the same.
@@ -43,21 +44,21 @@ QUESTION_WORDS = ("where", "is", "the")
 
 @dataclasses.dataclass(frozen=True)
 class StoryConfig:
-  """What the generator draws from.
-
-  min_sentences / max_sentences: story length, uniform in that range (inclusive).
-  object_questions: fraction of examples asking "Where is the <object>?" (task 2); the rest ask
-    about an actor (task 1). A story with no object eligible for a question gets an actor question.
-  p_take / p_drop: chance that a sentence is a pick-up / drop (when one is possible); else a move.
-  """
-  actors: tuple[str, ...] = ("Mary", "John", "Sandra", "Daniel")
-  places: tuple[str, ...] = ("kitchen", "garden", "hallway", "bathroom", "bedroom", "office")
-  objects: tuple[str, ...] = ("apple", "football", "milk")
-  min_sentences: int = 4
-  max_sentences: int = 12
-  object_questions: float = 0.0
-  p_take: float = 0.2
-  p_drop: float = 0.1
+  """What the generator draws from. Story lengths are uniform in [min_sentences, max_sentences];
+  a story with no object eligible for a question gets an actor question; a sentence that is
+  neither a pick-up nor a drop (or where none is possible) is a move."""
+  actors: tuple[str, ...] = option(("Mary", "John", "Sandra", "Daniel"), "Who moves.")
+  places: tuple[str, ...] = option(
+      ("kitchen", "garden", "hallway", "bathroom", "bedroom", "office"),
+      "Where they go (the answers).")
+  objects: tuple[str, ...] = option(("apple", "football", "milk"), "What they take and drop.")
+  min_sentences: int = option(4, "Shortest story (sentences).")
+  max_sentences: int = option(12, "Longest story (sentences).")
+  object_questions: float = option(
+      0.0, "Fraction of 'Where is the apple?' questions (two supporting facts); the rest ask "
+      "about an actor (one supporting fact).")
+  p_take: float = option(0.2, "Chance that a sentence is a pick-up (when one is possible).")
+  p_drop: float = option(0.1, "Chance that a sentence is a drop (when one is possible).")
 
   def __post_init__(self):
     if not 1 <= self.min_sentences <= self.max_sentences:
