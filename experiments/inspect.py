@@ -13,6 +13,8 @@ import os
 
 from absl import flags
 
+from attn.config import configurable
+from attn.inspection.viewer import ViewerSettings
 from attn.launching import cli
 
 FLAGS = flags.FLAGS
@@ -20,23 +22,25 @@ WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")  # tem
 
 
 def define_flags():
-  """Defined on demand, so tests can import this module next to other flag-defining ones."""
-  flags.DEFINE_string("workdir", None, "A finished run's directory (results.json, attention.npz).")
-  flags.DEFINE_string("compare", None, "Another run on the same data, shown side by side.")
-  flags.DEFINE_string("out", None, "Where the page goes (default WORKDIR/inspect.html).")
-  flags.DEFINE_integer("port", None, "Serve the page's directory on 127.0.0.1:PORT until Ctrl-C.")
+  """One flag per field of ViewerSettings; --port by hand (an integer flag whose default, None,
+  means: do not serve). Defined on demand, so tests can import this module next to other
+  flag-defining ones."""
+  cli.define_settings_flags(ViewerSettings, skip=("port",))
+  flags.DEFINE_integer("port", ViewerSettings.port, configurable.help_of(ViewerSettings)["port"])
   flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   del argv
-  from attn.inspection import viewer as inspect_page  # pylint: disable=import-outside-toplevel  (after flag parsing)
-  path = inspect_page.write_page(FLAGS.workdir, WEB_DIR, compare=FLAGS.compare, out=FLAGS.out)
+  settings = cli.settings_from_flags(ViewerSettings, port=FLAGS.port)
+  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
+  from attn.inspection import viewer
+  path = viewer.write_page(settings.workdir, WEB_DIR, compare=settings.compare, out=settings.out)
   print(f"wrote {path}")
-  if FLAGS.port is None:
+  if settings.port is None:
     return
-  cli.serve(lambda: inspect_page.make_server(os.path.dirname(os.path.abspath(path)), FLAGS.port),
-            FLAGS.port, os.path.basename(path))
+  cli.serve(lambda: viewer.make_server(os.path.dirname(os.path.abspath(path)), settings.port),
+            settings.port, os.path.basename(path))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The run viewer's data and page (attn/inspection/viewer.py, experiments/inspect.py) without a browser:
-reading a workdir, the errors for missing and mismatched files, and a self-contained page.
-tests/test_inspect_page.py drives the page itself in Chromium on the same synthetic runs."""
+"""The run viewer's data and page (attn/inspection/viewer.py, experiments/inspect.py) without a
+browser: reading a workdir, the errors for missing and mismatched files, and a self-contained
+page; experiments.screenshot's errors. tests/test_inspect_page.py drives the page itself in
+Chromium on the same synthetic runs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 
 from attn import core
 from attn.inspection import viewer as inspect_page
-from attn.errors import DataError
+from attn.errors import ConfigError, DataError
+from attn.inspection import screenshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEB_DIR = os.path.join(REPO, "experiments", "web")
@@ -235,6 +237,30 @@ def test_the_cli_writes_the_page_and_errors_in_one_line(tmp_path):
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [done.stderr.strip()]
   assert done.stderr.startswith(f"error: {tmp_path / 'b'}: no attention.npz")
+
+
+def test_a_port_out_of_range_is_one_error_line(tmp_path):
+  write_run(tmp_path / "a")
+  done = subprocess.run([sys.executable, "-m", "experiments.inspect", f"--workdir={tmp_path / 'a'}",
+                         "--port=70000"], cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 2
+  assert done.stderr.strip() == "error: --port must be in 0..65535, got 70000"
+  assert not (tmp_path / "a" / "inspect.html").exists()  # refused before any work
+
+
+def test_screenshot_pages_are_urls_and_a_missing_one_is_a_config_error(tmp_path):
+  assert screenshot.page_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/"
+  (tmp_path / "p.html").write_text("<html></html>")
+  assert screenshot.page_url(str(tmp_path / "p.html")) == f"file://{tmp_path / 'p.html'}"
+  with pytest.raises(ConfigError, match="no such file"):
+    screenshot.page_url(str(tmp_path / "missing.html"))
+  done = subprocess.run([sys.executable, "-m", "experiments.screenshot",
+                         f"--page={tmp_path / 'missing.html'}", f"--out={tmp_path / 'p.png'}",
+                         "--click=#a", "--click=#b, #c"],
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  # without a browser here the first missing thing is the browser, else the page
+  assert re.match(r"error: .*(not found|not installed|no such file)", done.stderr), done.stderr
 
 
 def test_the_server_serves_the_directory_on_localhost(tmp_path):

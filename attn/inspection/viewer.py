@@ -31,7 +31,9 @@ import zipfile
 
 import numpy as np
 
-from attn.errors import DataError
+from attn.common import files
+from attn.config.configurable import option
+from attn.errors import ConfigError, DataError
 
 RESULTS, ATTENTION = "results.json", "attention.npz"
 PAGE = "inspect.html"
@@ -40,6 +42,20 @@ ASSETS = ("normalizers.js", "inspect.js", "inspect.css")
 NORMALIZERS = ("softmax", "sparsemax", "entmax15")  # what experiments/web/normalizers.js implements
 CONSISTENCY_TOL = 1e-4  # stored weights vs normalizer(scores / temperature), max abs difference
 RUN_METRICS = ("bleu", "chrf", "exact_match")  # run-level figures the page shows when present
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewerSettings:
+  """The run viewer's page (`python -m experiments.inspect`)."""
+  workdir: str | None = option(None, "A finished run's directory (results.json, attention.npz).")
+  compare: str | None = option(None, "Another run on the same data, shown side by side.")
+  out: str | None = option(None, "Where the page goes (default WORKDIR/inspect.html).")
+  port: int | None = option(None, "Serve the page's directory on 127.0.0.1:PORT until Ctrl-C "
+                            "(0: a free port).")
+
+  def __post_init__(self):
+    if self.port is not None and not 0 <= self.port <= 65535:
+      raise ConfigError(f"--port must be in 0..65535, got {self.port}")
 
 
 def _missing(workdir, name):
@@ -322,10 +338,9 @@ def _html_escape(text: str) -> str:
 
 def write_page(workdir, assets_dir, *, compare=None, out=None) -> str:
   """Writes the page (default `workdir/inspect.html`) atomically; returns its path."""
-  from attn.training.results import write_text  # pylint: disable=import-outside-toplevel
   html = render(page_data(workdir, compare), assets_dir)
   out = out or os.path.join(workdir, PAGE)
-  write_text(out, html)
+  files.write_text(out, html)
   return out
 
 
