@@ -160,6 +160,14 @@ def test_unknown_intervention_lists_the_known_ones():
     interventions.get("shuffle")
 
 
+def test_bad_settings_are_config_errors_before_any_work():
+  with pytest.raises(ConfigError, match="shuffle"):
+    diagnosis.DiagnoseSettings(interventions=("permute", "shuffle"))
+  with pytest.raises(ConfigError, match="--max_examples"):
+    diagnosis.DiagnoseSettings(max_examples=0)
+  assert diagnosis.DiagnoseSettings().interventions == interventions.DEFAULT
+
+
 def test_output_divergences_against_numpy():
   rng = np.random.default_rng(2)
   a, b = rng.normal(size=(2, 4, 7)) * 3

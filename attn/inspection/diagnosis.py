@@ -60,9 +60,9 @@ class DiagnoseSettings:
 
   def __post_init__(self):
     if self.max_examples < 1:
-      raise ConfigError(f"max_examples must be >= 1, got {self.max_examples}")
+      raise ConfigError(f"--max_examples must be >= 1, got {self.max_examples}")
     if self.ig_steps < 0:
-      raise ConfigError(f"ig_steps must be >= 0, got {self.ig_steps}")
+      raise ConfigError(f"--ig_steps must be >= 0, got {self.ig_steps}")
     for name in self.interventions:
       interventions_lib.INTERVENTIONS.get(name)  # an unknown name fails before any work
 
