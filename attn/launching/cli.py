@@ -202,26 +202,45 @@ def _flag_fields(cls):
   return out
 
 
+def _scalar_type(f) -> type:
+  """The type of a scalar field: its default's, or for a None default the annotation's
+  (`int | None`: int); str when neither says."""
+  if f.default is not None:
+    return type(f.default)
+  text = str(f.type).replace(" ", "")
+  return next((t for t in (bool, int, float) if f"{t.__name__}|" in text
+               or f"|{t.__name__}" in text or f"Optional[{t.__name__}]" in text), str)
+
+
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+           str: flags.DEFINE_string}
+
+
 def define_settings_flags(cls, *, skip=(), flag_values=flags.FLAGS) -> None:
   """One absl flag per settable field of the settings dataclass `cls` (nested sections
   flattened), named as the field, with the field's default and help; `skip` names fields the entry
-  point defines itself. Tuples become comma-separated list flags."""
+  point defines itself. Tuples become comma-separated list flags; a field whose default is None
+  takes its flag type from its annotation (`int | None = None`: an integer flag, unset). The
+  flags belong to the calling module, so its --help lists them."""
+  caller = sys._getframe(1).f_globals.get("__name__", "")  # pylint: disable=protected-access
+  module = sys.argv[0] if caller == "__main__" else caller  # as absl names the main module
   for name, f, _ in _flag_fields(cls):
     if name in skip:
       continue
     default, help_ = f.default, f.metadata.get("help", "")
-    if isinstance(default, bool):
-      flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, int):
-      flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, float):
-      flags.DEFINE_float(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, tuple):
-      flags.DEFINE_list(name, [str(v) for v in default], help_, flag_values=flag_values)
-    elif isinstance(default, str) or default is None:
-      flags.DEFINE_string(name, default, help_, flag_values=flag_values)
-    else:
-      raise TypeError(f"{cls.__name__}.{name}: no flag type for {type(default).__name__}")
+    if isinstance(default, tuple):
+      flags.DEFINE_list(name, [_as_text(v) for v in default], help_, flag_values=flag_values,
+                        module_name=module)
+      continue
+    kind = _scalar_type(f)
+    if kind not in _DEFINE:
+      raise TypeError(f"{cls.__name__}.{name}: no flag type for {kind.__name__}")
+    _DEFINE[kind](name, default, help_, flag_values=flag_values, module_name=module)
+
+
+def _as_text(v) -> str:
+  """A list flag's default element as typed on a command line (booleans lower-case)."""
+  return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _element_type(f) -> type:
@@ -231,6 +250,18 @@ def _element_type(f) -> type:
     if f"[{t.__name__}," in text.replace(" ", ""):
       return t
   return type(f.default[0]) if f.default else str
+
+
+_TRUTH = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse(kind: type, text):
+  """A list flag's element as `kind`; ValueError if it is not one (bool: true/false, 1/0)."""
+  if kind is bool:
+    if str(text).lower() not in _TRUTH:
+      raise ValueError(text)
+    return _TRUTH[str(text).lower()]
+  return kind(text)
 
 
 def settings_from_flags(cls, *, flag_values=flags.FLAGS, **given):
@@ -245,9 +276,10 @@ def settings_from_flags(cls, *, flag_values=flags.FLAGS, **given):
     if isinstance(f.default, tuple):
       kind = _element_type(f)
       try:
-        value = tuple(kind(v) for v in value)
+        value = tuple(_parse(kind, v) for v in value)
       except ValueError:
-        raise ConfigError(f"--{name}: {value} are not all {kind.__name__} values") from None
+        raise ConfigError(f"--{name}: {','.join(map(str, value))} are not all {kind.__name__} "
+                          "values") from None
     (sections.setdefault(section, {}) if section else values)[name] = value
   for section, fields in sections.items():
     default = next(f.default for f in dataclasses.fields(cls) if f.name == section)
