@@ -8,6 +8,7 @@ checks are real (the smoke preset, the translate experiment's validate_config). 
 a fake `sbatch` on PATH that records what it was given and, end to end, runs the array's tasks.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -224,6 +225,15 @@ def test_launch_usage_errors_are_one_line(tmp_path, fake, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
   assert fake.calls == []
+
+
+def test_every_experiment_launch_accepts_is_an_entry_point_that_checks_its_configs():
+  # launch.py imports one experiment per process (each defines --config on absl's FLAGS), so
+  # each module is read, not imported.
+  assert entry_points.EXPERIMENTS.names() == ["summarize", "translate"]
+  for _, exp in entry_points.EXPERIMENTS.items():
+    source = open(importlib.util.find_spec(exp.module).origin, encoding="utf-8").read()
+    assert "define_training_flags(" in source and "validate_config" in source, exp.module
 
 
 def test_launch_cli_error_is_one_line_without_traceback(tmp_path):

@@ -157,6 +157,45 @@ def run(main):
   app.run(guarded, flags_parser=parse_flags)
 
 
+def _calling_module(depth: int = 2) -> str:
+  """The name absl files a flag under for the module `depth` frames up (the main module by its
+  path, as absl does)."""
+  name = sys._getframe(depth).f_globals.get("__name__", "")  # pylint: disable=protected-access
+  return sys.argv[0] if name == "__main__" else name
+
+
+def define_training_flags(default_config: str) -> None:
+  """A training experiment's flags: `--config=FILE:PRESET` (locked: a misspelled field fails
+  with a suggestion) defaulting to `default_config`, the required `--workdir` and the
+  distributed flags. They belong to the calling module (its --help; launch.py reads the
+  experiment's own --config default from it)."""
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  module = _calling_module()
+  config_flags.DEFINE_config_file("config", default_config, "Experiment config (path.py:preset).",
+                                  lock_config=True)
+  flags.FLAGS.register_flag_by_module(module, flags.FLAGS["config"])
+  flags.DEFINE_string("workdir", None, "Output directory (resumes if it holds a checkpoint).",
+                      module_name=module)
+  flags.mark_flags_as_required(["workdir"])
+  define_distributed_flags()
+
+
+def training_entry_point(task: str):
+  """(validate_config, main) of the training experiment of `task`: validate_config(config) makes
+  the checks train_and_evaluate makes before touching a workdir (launch.py runs them on every
+  combination of a sweep before starting any); main trains, evaluates and reports."""
+
+  def validate_config(config):
+    from attn import training  # pylint: disable=import-outside-toplevel
+    training.validate_config(config, task=task)
+
+  def main(argv):
+    del argv
+    train_and_report(flags.FLAGS.config, flags.FLAGS.workdir, task=task)
+
+  return validate_config, main
+
+
 def train_and_report(config, workdir: str, task: str) -> None:
   """What a training experiment's main does: joins the cluster (from the distributed flags),
   trains and evaluates `task` in `workdir` (resuming), and prints the results table once."""
@@ -222,8 +261,7 @@ def define_settings_flags(cls, *, skip=(), flag_values=flags.FLAGS) -> None:
   point defines itself. Tuples become comma-separated list flags; a field whose default is None
   takes its flag type from its annotation (`int | None = None`: an integer flag, unset). The
   flags belong to the calling module, so its --help lists them."""
-  caller = sys._getframe(1).f_globals.get("__name__", "")  # pylint: disable=protected-access
-  module = sys.argv[0] if caller == "__main__" else caller  # as absl names the main module
+  module = _calling_module()
   for name, f, _ in _flag_fields(cls):
     if name in skip:
       continue
