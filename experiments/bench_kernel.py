@@ -14,68 +14,21 @@ GPU (one prepared run; see docs/benchmarks.md for the whole device script):
         --impls=pallas,cudnn,xla,jax_triton,jax_mgpu,tokamax --batch=4 --heads=16 --repeats=5
 
 Writes <outdir>/<name>.csv, .md (with this command and the machine) and .png (TFLOP/s vs T).
-The benchmark itself is the library attn/benchmarks/kernels.py; this file only parses flags.
+The flags are the fields of attn.benchmarks.kernels.BenchConfig (their defaults and help live
+there); the benchmark itself is that library.
 """
 
 import shlex
 import sys
 
-from absl import app, flags
-
-_BOOLS = {"true": True, "false": False, "1": True, "0": False}
-
-flags.DEFINE_enum("kernel", "dot", ["dot", "additive"], "dot: kernels.attention; additive: "
-                  "kernels.additive_attention.")
-flags.DEFINE_integer("batch", 1, "Batch size B.")
-flags.DEFINE_integer("heads", 4, "Heads H.")
-flags.DEFINE_list("seq_lens", ["1024", "2048"], "Sequence lengths T (Tq = Tk).")
-flags.DEFINE_list("head_dims", ["64"], "Head dims d (dot) or d_attn (additive).")
-flags.DEFINE_integer("value_dim", None, "dv; default d (dot) or 64 (additive).")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "Input dtype.")
-flags.DEFINE_list("causal", ["false"], "Causal settings to sweep (true/false).")
-flags.DEFINE_list("modes", ["fwd"], "fwd and/or fwd_bwd.")
-flags.DEFINE_list("impls", ["blocked", "naive"],
-                  "dot: pallas, blocked, naive, xla, cudnn, jax_triton, jax_mgpu, tokamax; "
-                  "additive: pallas, blocked, naive.")
-flags.DEFINE_integer("repeats", 5, "Timed calls (median reported).")
-flags.DEFINE_integer("warmup", 1, "Untimed calls first.")
-flags.DEFINE_integer("num_inputs", 2, "Distinct input sets cycled through.")
-flags.DEFINE_float("memory_budget_gib", None, "Skip runs whose compiled temporaries exceed this "
-                   "(default: half the free host memory, 90% of a GPU's).")
-flags.DEFINE_bool("check", True, "Check each implementation against the dense reference first.")
-flags.DEFINE_integer("block_q", None, "Query tile (default: the kernel's).")
-flags.DEFINE_integer("block_k", None, "Key tile.")
-flags.DEFINE_integer("block_d", None, "d_attn slice of the additive tanh tile.")
-flags.DEFINE_string("outdir", "bench_out", "Output directory.")
-flags.DEFINE_string("name", None, "File stem (default <kernel>_<backend>).")
-flags.DEFINE_bool("plot", True, "Write the TFLOP/s-vs-T plot.")
-FLAGS = flags.FLAGS
+from attn.benchmarks import kernels as bench
+from attn.launching import cli
 
 
 def main(argv):
   del argv
-  from attn.benchmarks import kernels as bench  # pylint: disable=import-outside-toplevel
-  try:
-    causal = tuple(_BOOLS[c.lower()] for c in FLAGS.causal)
-  except KeyError:
-    raise app.UsageError(f"--causal takes true/false values, got {FLAGS.causal}") from None
-  cfg = bench.BenchConfig(
-      kernel=FLAGS.kernel, batch=FLAGS.batch, heads=FLAGS.heads,
-      seq_lens=tuple(int(t) for t in FLAGS.seq_lens),
-      head_dims=tuple(int(d) for d in FLAGS.head_dims), value_dim=FLAGS.value_dim,
-      dtype=FLAGS.dtype, causal=causal, modes=tuple(FLAGS.modes), impls=tuple(FLAGS.impls),
-      repeats=FLAGS.repeats, warmup=FLAGS.warmup, num_inputs=FLAGS.num_inputs,
-      memory_budget_gib=FLAGS.memory_budget_gib, check=FLAGS.check, block_q=FLAGS.block_q,
-      block_k=FLAGS.block_k, block_d=FLAGS.block_d, outdir=FLAGS.outdir, name=FLAGS.name,
-      plot=FLAGS.plot)
-  bad_modes = set(cfg.modes) - {"fwd", "fwd_bwd"}
-  if bad_modes:
-    raise app.UsageError(f"--modes takes fwd and/or fwd_bwd, got {sorted(bad_modes)}")
-  try:
-    result = bench.run_benchmark(cfg)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  cfg = cli.settings_from_flags(bench.BenchConfig)  # a bad flag ends here, before any run
+  result = bench.run_benchmark(cfg)
   command = "python -m experiments.bench_kernel " + " ".join(shlex.quote(a) for a in sys.argv[1:])
   for path in bench.write_outputs(result, cfg, command):
     print("wrote", path)
@@ -83,4 +36,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.define_settings_flags(bench.BenchConfig)
+  cli.run(main)

@@ -9,24 +9,30 @@ Prints one table; the figures in docs/data.md come from the first command.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
 from ml_collections import config_flags
 
-from attn.data import base
+from attn.config.configurable import option
 from attn.data import pipeline
+from attn.launching import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "attn", "data", "config.py"), "data config file[:preset]",
-    lock_config=True)
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "overrides data.dir")
-_WORKDIR = flags.DEFINE_string("workdir", None, "vocabularies and caches (default: a temp dir)")
-_BATCHES = flags.DEFINE_integer("batches", 300, "training batches timed for the throughput")
+    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "attn",
+                           "data", "config.py"), "data config file[:preset]", lock_config=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The flags besides --config."""
+  data_dir: str | None = option(None, "overrides data.dir")
+  workdir: str | None = option(None, "vocabularies and caches (default: a temp dir)")
+  batches: int = option(300, "training batches timed for the throughput")
 
 
 def lengths_table(bundle: pipeline.DataBundle) -> list[str]:
@@ -64,30 +70,30 @@ def throughput(bundle: pipeline.DataBundle, n: int) -> tuple[float, float]:
 
 def main(argv):
   del argv
-  if _WORKDIR.value:
-    report(_WORKDIR.value)
+  s = cli.settings_from_flags(Settings)
+  cfg = _CONFIG.value
+  if s.data_dir:
+    cfg.dir = s.data_dir
+  if s.workdir:
+    report(cfg, s.workdir, s.batches)
   else:
     with tempfile.TemporaryDirectory(prefix="attn_data_stats_") as workdir:
-      report(workdir)
+      report(cfg, workdir, s.batches)
 
 
-def report(workdir: str) -> None:
-  cfg = _CONFIG.value
-  if _DATA_DIR.value:
-    cfg.dir = _DATA_DIR.value
-  try:
-    t0 = time.perf_counter()
-    bundle = pipeline.load(cfg, workdir)
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    bundle = pipeline.load(cfg, workdir)
-    warm = time.perf_counter() - t0
-  except base.DataError as e:
-    raise app.UsageError(str(e)) from None  # absl prints the usage line and exits 1
+def report(cfg, workdir: str, batches: int) -> None:
+  """Loads the data twice (cold, then reusing `workdir`) and prints the tables and throughput;
+  a DataError (an AttnError) ends the run as one line."""
+  t0 = time.perf_counter()
+  bundle = pipeline.load(cfg, workdir)
+  cold = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  bundle = pipeline.load(cfg, workdir)
+  warm = time.perf_counter() - t0
   print(bundle.summary())
   print("\n".join(lengths_table(bundle)))
   print("\n".join(bucket_table(bundle)))
-  bps, tps = throughput(bundle, _BATCHES.value)
+  bps, tps = throughput(bundle, batches)
   print(f"load: {cold:.1f} s first, {warm:.2f} s again (reusing workdir); "
         f"train iterator: {bps:.0f} batches/s, {tps:,.0f} target tokens/s "
         f"({bundle.config.num_threads} grain threads, {os.cpu_count()} CPUs)")
@@ -96,4 +102,5 @@ def report(workdir: str) -> None:
 if __name__ == "__main__":
   # The pipeline's INFO lines would repeat the summary printed here.
   logging.getLogger("attn.data").setLevel(logging.WARNING)
-  app.run(main)
+  cli.define_settings_flags(Settings)
+  cli.run(main)

@@ -9,32 +9,43 @@ Adam and reports retrieval accuracy, weight entropy and sparsity, then one heatm
     python -m experiments.demo --workdir=/tmp/attn_demo --steps=300
 """
 
-import json
+import dataclasses
 import os
 import time
 
-from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import attn
+from attn.common.files import write_json
+from attn.common.tables import markdown_table
+from attn.config.configurable import option
+from attn.errors import ConfigError
 from attn.inspection import plots
+from attn.launching import cli
 
-FLAGS = flags.FLAGS
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The demo's flags, one for one."""
+  workdir: str = option("workdirs/demo", "Where the table and heatmap go.")
+  steps: int = option(300, "Adam steps per variant.")
+  num_keys: int = option(12, "Keys per example (Tk).")
+  dim: int = option(16, "Query/key size.")
+  noise: float = option(0.3, "Query noise standard deviation.")
+  scores: tuple[str, ...] = option(tuple(attn.canonical_names("score")), "Scores to compare.")
+  normalizers: tuple[str, ...] = option(tuple(attn.canonical_names("normalizer")),
+                                        "Normalizers to compare.")
+  seed: int = option(0, "Random seed.")
 
-def define_flags():
-  """Defined on demand, so tests can import this module next to other flag-defining ones."""
-  flags.DEFINE_string("workdir", "workdirs/demo", "Where the table and heatmap go.")
-  flags.DEFINE_integer("steps", 300, "Adam steps per variant.")
-  flags.DEFINE_integer("num_keys", 12, "Keys per example (Tk).")
-  flags.DEFINE_integer("dim", 16, "Query/key size.")
-  flags.DEFINE_float("noise", 0.3, "Query noise standard deviation.")
-  flags.DEFINE_list("scores", attn.canonical_names("score"), "Scores to compare.")
-  flags.DEFINE_list("normalizers", attn.canonical_names("normalizer"), "Normalizers to compare.")
-  flags.DEFINE_integer("seed", 0, "Random seed.")
+  def __post_init__(self):
+    unknown = [s for s in self.scores if s not in attn.names("score")]
+    unknown += [n for n in self.normalizers if n not in attn.names("normalizer")]
+    if unknown:
+      raise ConfigError(f"unknown variants {unknown}; known scores {attn.names('score')}, "
+                        f"normalizers {attn.names('normalizer')}")
 
 
 def make_batch(key, A, batch, num_keys, noise):
@@ -98,12 +109,11 @@ def run_demo(workdir, *, scores, normalizers, steps, num_keys, dim, noise, seed)
       heat[(s, n)] = w
       print(f"[{time.time() - t0:6.1f}s] {s:>10} / {n:<9} accuracy {row['accuracy']:.3f}  "
             f"entropy {row['mean_entropy']:.2f}  zeros {row['zero_weight_fraction']:.2f}", flush=True)
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(rows, f, indent=1)
-  print(f"\n| score | normalizer | accuracy | entropy | zero weights |\n|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['score']} | {r['normalizer']} | {r['accuracy']:.3f} | {r['mean_entropy']:.2f} | "
-          f"{r['zero_weight_fraction']:.2f} |")
+  write_json(os.path.join(workdir, "results.json"), rows)
+  print("\n" + markdown_table(
+      ["score", "normalizer", "accuracy", "entropy", "zero weights"],
+      [[r["score"], r["normalizer"], f"{r['accuracy']:.3f}", f"{r['mean_entropy']:.2f}",
+        f"{r['zero_weight_fraction']:.2f}"] for r in rows]))
   _plot(heat, scores, normalizers, os.path.join(workdir, "attention.png"))
   print(f"\nwrote {workdir}/results.json and {workdir}/attention.png (chance accuracy "
         f"{1 / num_keys:.3f})")
@@ -128,15 +138,11 @@ def _plot(heat, scores, normalizers, path):
 
 def main(argv):
   del argv
-  unknown = [s for s in FLAGS.scores if s not in attn.names("score")]
-  unknown += [n for n in FLAGS.normalizers if n not in attn.names("normalizer")]
-  if unknown:
-    raise app.UsageError(f"unknown variants {unknown}; known scores {attn.names('score')}, "
-                         f"normalizers {attn.names('normalizer')}")
-  run_demo(FLAGS.workdir, scores=FLAGS.scores, normalizers=FLAGS.normalizers, steps=FLAGS.steps,
-           num_keys=FLAGS.num_keys, dim=FLAGS.dim, noise=FLAGS.noise, seed=FLAGS.seed)
+  s = cli.settings_from_flags(Settings)
+  run_demo(s.workdir, scores=s.scores, normalizers=s.normalizers, steps=s.steps,
+           num_keys=s.num_keys, dim=s.dim, noise=s.noise, seed=s.seed)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  cli.define_settings_flags(Settings)
+  cli.run(main)

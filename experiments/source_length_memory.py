@@ -11,23 +11,32 @@ for a batch of data.batch_size examples with max_tgt_len target tokens, and thei
 source token between consecutive widths (constant = linear). Vocabulary: data.vocab_size.
 """
 
-import functools
+import dataclasses
 
 from absl import flags
 from ml_collections import config_flags
 
+from attn.common.tables import markdown_table
+from attn.config.configurable import option
 from attn.launching import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "experiments/configs/summarize.py:aeslc",
                                 "Experiment config (path.py:preset).", lock_config=True)
-flags.DEFINE_list("lengths", ["100", "200", "400", "800"], "Source widths Ts (EOS included).")
 
 
-def step_memory(config, src_width: int) -> dict:
-  """Sizes (bytes) of the compiled train step for a [B, src_width] source batch."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The flags besides --config."""
+  lengths: tuple[int, ...] = option((100, 200, 400, 800), "Source widths Ts (EOS included).")
+
+
+def step_memory(config, src_width: int):
+  """harness.Memory (bytes) of the compiled train step for a [B, src_width] source batch."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from attn.benchmarks import harness  # pylint: disable=import-outside-toplevel
+  from attn.common.jitting import jitted  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
   from attn.models import ModelConfig  # pylint: disable=import-outside-toplevel
@@ -46,25 +55,24 @@ def step_memory(config, src_width: int) -> dict:
            "tgt_lengths": i32(B)}
   if mc.pointer:
     batch.update(src_ext=i32(B, src_width), tgt_ext=i32(B, Tt))
-  fn = jax.jit(functools.partial(train_step, task, graphdef, label_smoothing=0.0))
-  compiled = fn.lower(state, batch, jax.random.PRNGKey(0)).compile()
-  m = compiled.memory_analysis()
-  return {"temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
+  step = jitted(train_step, task, graphdef, label_smoothing=0.0)
+  return harness.memory(harness.compile(step, state, batch, jax.random.PRNGKey(0)))
 
 
 def main(argv):
   del argv
-  lengths = sorted(int(x) for x in FLAGS.lengths)
+  lengths = sorted(cli.settings_from_flags(Settings).lengths)
   mib = 2.0 ** 20
-  print("| Ts | temporaries (MiB) | MiB per extra source token |")
-  print("|---|---|---|")
-  prev = None
+  rows, prev = [], None
   for ts in lengths:
-    m = step_memory(FLAGS.config, ts)
-    slope = "" if prev is None else f"{(m['temp'] - prev[1]) / (ts - prev[0]) / mib:.3f}"
-    print(f"| {ts} | {m['temp'] / mib:.1f} | {slope} |", flush=True)
-    prev = (ts, m["temp"])
+    temp = step_memory(FLAGS.config, ts).temp
+    print(f"Ts={ts}: {temp / mib:.1f} MiB of temporaries", flush=True)
+    slope = "" if prev is None else f"{(temp - prev[1]) / (ts - prev[0]) / mib:.3f}"
+    rows.append([str(ts), f"{temp / mib:.1f}", slope])
+    prev = (ts, temp)
+  print(markdown_table(["Ts", "temporaries (MiB)", "MiB per extra source token"], rows))
 
 
 if __name__ == "__main__":
+  cli.define_settings_flags(Settings)
   cli.run(main)

@@ -18,29 +18,10 @@ references, and *_max the best reference; the copy figures; params; wall_s), pre
 JSON line or a missing field exits with status 2 and one line naming file, line and field.
 """
 
-from absl import flags
-from ml_collections import config_flags
-
 from attn.launching import cli
 
-FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "experiments/configs/summarize.py:aeslc",
-                                "Experiment config (path.py:preset).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Output directory (resumes if it holds a checkpoint).")
-flags.mark_flags_as_required(["workdir"])
-cli.define_distributed_flags()
-
-
-def validate_config(config):
-  """The checks train_and_evaluate makes before touching a workdir (launch.py runs them on every
-  combination of a sweep before starting any)."""
-  from attn import training  # pylint: disable=import-outside-toplevel
-  training.validate_config(config, task="summarize")
-
-
-def main(argv):
-  del argv
-  cli.train_and_report(FLAGS.config, FLAGS.workdir, task="summarize")
+cli.define_training_flags("experiments/configs/summarize.py:aeslc")
+validate_config, main = cli.training_entry_point("summarize")
 
 
 if __name__ == "__main__":

@@ -63,3 +63,31 @@ def test_bad_values_are_config_errors_naming_the_flag():
     cli.settings_from_flags(_Settings, flag_values=_parse(["--steps=0"]))
   with pytest.raises(flags.IllegalFlagValueError):
     _parse(["--steps=many"])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Optional:
+  value_dim: int | None = option(None, "dv; None: the kernel's default")
+  budget_gib: float | None = option(None, "memory budget")
+  name: str | None = option(None, "file stem")
+  causal: tuple[bool, ...] = option((False,), "causal settings")
+
+
+def test_none_defaults_take_their_flag_type_from_the_annotation_and_bools_parse():
+  fv = flags.FlagValues()
+  cli.define_settings_flags(_Optional, flag_values=fv)
+  assert fv["causal"].default == ["false"]  # as one would type it
+  fv(["prog"])
+  assert cli.settings_from_flags(_Optional, flag_values=fv) == _Optional()
+  fv = flags.FlagValues()
+  cli.define_settings_flags(_Optional, flag_values=fv)
+  fv(["prog", "--value_dim=32", "--budget_gib=0.5", "--name=x", "--causal=false,TRUE,1"])
+  assert cli.settings_from_flags(_Optional, flag_values=fv) == _Optional(32, 0.5, "x",
+                                                                         (False, True, True))
+  with pytest.raises(flags.IllegalFlagValueError):  # an integer flag, not a string one
+    fv2 = flags.FlagValues()
+    cli.define_settings_flags(_Optional, flag_values=fv2)
+    fv2(["prog", "--value_dim=wide"])
+  fv(["prog", "--causal=false,maybe"])
+  with pytest.raises(ConfigError, match="--causal: false,maybe are not all bool values"):
+    cli.settings_from_flags(_Optional, flag_values=fv)

@@ -1,13 +1,14 @@
-"""launch.py: grid expansion, commands, tables, config checks before anything runs, run records
+"""launch.py and attn/launching (sweeps, rundirs, report, entry_points): grid expansion, commands, tables, config checks before anything runs, run records
 (reuse, refusal, failures), --parallel, --seeds (mean ± std tables), --launcher=slurm and
 --collect, and two real (tiny) sweeps end to end: one local, one through the Slurm array script.
 
-Most tests drive `launch.launch` in-process with `subprocess.call` replaced by a fake experiment
+Most tests drive `sweeps.launch` in-process with `subprocess.call` replaced by a fake experiment
 that writes results.json (or not) and returns an exit status, so they train nothing; the config
 checks are real (the smoke preset, the translate experiment's validate_config). The Slurm tests put
 a fake `sbatch` on PATH that records what it was given and, end to end, runs the array's tasks.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -20,7 +21,8 @@ import time
 import pytest
 
 import launch
-from attn.launching import launchers
+from attn.launching import entry_points, launchers, report, rundirs, sweeps
+from attn.training.results import results_table
 from attn.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,14 +30,14 @@ SMOKE = "--config=experiments/configs/translate.py:smoke"
 
 
 def test_grid_is_the_cartesian_product_with_readable_names():
-  runs = launch.grid(["model.decoder=none,bahdanau", "model.score=dot,additive,general"])
+  runs = sweeps.grid(["model.decoder=none,bahdanau", "model.score=dot,additive,general"])
   assert len(runs) == 6
   assert runs[0] == ("decoder=none,score=dot", [("model.decoder", "none"), ("model.score", "dot")])
-  assert launch.grid([]) == [("run", [])]
+  assert sweeps.grid([]) == [("run", [])]
 
 
 def test_vary_is_one_factor_at_a_time_from_a_shared_base():
-  runs = launch.plan("translate", "c.py:x", "w", ["train.steps=5"],
+  runs = sweeps.plan("translate", "c.py:x", "w", ["train.steps=5"],
                      [], [0, 1], ["model.num_heads=1,8", "model.dropout=0.3"])
   assert [r.name for r in runs] == [f"{n},seed={s}" for n in
                                     ("base", "num_heads=1", "num_heads=8", "dropout=0.3")
@@ -45,24 +47,24 @@ def test_vary_is_one_factor_at_a_time_from_a_shared_base():
   assert by_name["dropout=0.3,seed=0"] == (("train.steps", "5"), ("model.dropout", "0.3"),
                                            ("train.seed", "0"))
   with pytest.raises(ConfigError, match="do not combine"):
-    launch.plan("translate", None, "w", [], ["model.score=dot"], [], ["model.dropout=0.3"])
+    sweeps.plan("translate", None, "w", [], ["model.score=dot"], [], ["model.dropout=0.3"])
   with pytest.raises(ConfigError, match="given twice"):
-    launch.one_at_a_time(["model.dropout=0", "model.dropout=0.3"])
+    sweeps.one_at_a_time(["model.dropout=0", "model.dropout=0.3"])
 
 
 def test_bad_axis_is_a_config_error():
   with pytest.raises(ConfigError, match="key=value"):
-    launch.parse_axis("model.decoder")
+    sweeps.parse_axis("model.decoder")
 
 
 def test_command_passes_overrides_as_config_flags():
-  cmd = launch.command("translate", "c.py:demo", "/w/x", [("model.decoder", "none")])
+  cmd = sweeps.command("translate", "c.py:demo", "/w/x", [("model.decoder", "none")])
   assert cmd[1:] == ["-m", "experiments.translate", "--workdir=/w/x", "--config=c.py:demo",
                      "--config.model.decoder=none"]
 
 
 def test_table_marks_failed_runs():
-  table = launch.results_table([("a", {"bleu": 1.5, "params": 10}), ("b", None)], ["bleu", "params"])
+  table = results_table([("a", {"bleu": 1.5, "params": 10}), ("b", None)], ["bleu", "params"])
   assert "| a | 1.500 | 10 |" in table and "| b | failed | failed |" in table
 
 
@@ -111,8 +113,8 @@ def fake(monkeypatch):
 
 def sweep(workdir, *args, capsys=None):
   """launch's exit status (and its stdout, stderr when capsys is given) for these flags."""
-  rc = launch.launch(launch.parse_args(["launch.py", "--experiment=translate", SMOKE,
-                                        f"--workdir={workdir}", *args]), argv=["launch.py"])
+  rc = sweeps.launch(launch.parse_args(["launch.py", "--experiment=translate", SMOKE,
+                                        f"--workdir={workdir}", *args]), ["launch.py"])
   if capsys is None:
     return rc
   out, err = capsys.readouterr()
@@ -193,7 +195,7 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
     (["--set=model.decodr=none"],
      r"^error: --config\.model\.decodr: the config has no such field \(Did you mean \"decoder\""),
     (["--sweep=model.decoder=none,bahdanu"],
-     r"^error: decoder=bahdanu: model\.decoder: unknown decoder 'bahdanu'"),
+     r"^error: decoder=bahdanu: unknown model\.decoder 'bahdanu'"),
     (["--set=model.emb_dim=big"], r"^error: flag --config\.model\.emb_dim=big: invalid literal"),
     (["--set=train.steps=0"], r"^error: train\.steps=0 must be >= 1"),
 ])
@@ -212,14 +214,26 @@ def test_launch_usage_errors_are_one_line(tmp_path, fake, capsys):
   for args, message in [(["--sweep=model.decoder"], "--sweep/--set expects key=value"),
                         (["--config=experiments/configs/nothere.py:smoke"],
                          "--config=experiments/configs/nothere.py:smoke: no file"),
-                        (["--experiment=transalte"], "there is no experiments/transalte.py; "
-                                                     "known: bench_kernel")]:
+                        (["--experiment=transalte"], "--experiment=transalte: not an experiment "
+                                                     "launch.py runs; known: summarize, translate"),
+                        # entry points that are not experiments launch.py can run
+                        (["--experiment=browser"], "--experiment=browser: not an experiment"),
+                        (["--experiment=bench_kernel"], "--experiment=bench_kernel: not an")]:
     with pytest.raises(SystemExit) as exit_:
       launch.main(launch.parse_args(["launch.py", SMOKE, f"--workdir={tmp_path}", *args]))
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
   assert fake.calls == []
+
+
+def test_every_experiment_launch_accepts_is_an_entry_point_that_checks_its_configs():
+  # launch.py imports one experiment per process (each defines --config on absl's FLAGS), so
+  # each module is read, not imported.
+  assert entry_points.EXPERIMENTS.names() == ["summarize", "translate"]
+  for _, exp in entry_points.EXPERIMENTS.items():
+    source = open(importlib.util.find_spec(exp.module).origin, encoding="utf-8").read()
+    assert "define_training_flags(" in source and "validate_config" in source, exp.module
 
 
 def test_launch_cli_error_is_one_line_without_traceback(tmp_path):
@@ -230,7 +244,7 @@ def test_launch_cli_error_is_one_line_without_traceback(tmp_path):
                      timeout=300)
   lines = p.stderr.strip().splitlines()
   assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
-  assert lines[0].startswith("error: --experiment=transalte: there is no experiments/transalte.py")
+  assert lines[0].startswith("error: --experiment=transalte: not an experiment launch.py runs")
 
 
 def docstring_examples(doc):
@@ -249,9 +263,9 @@ def test_docstring_examples_are_valid_configs(monkeypatch):
   for args in examples:
     opts = launch.parse_args(["launch.py", *args])
     launchers.make(opts)  # the launcher's flags are valid too
-    seeds = launch.parse_seeds(opts.seeds, opts.set, opts.sweep)
-    runs = launch.plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds)
-    assert launch.check_configs(launch.load_experiment(opts.experiment), opts.config, runs) == [], \
+    seeds = sweeps.parse_seeds(opts.seeds, opts.set, opts.sweep)
+    runs = sweeps.plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds)
+    assert entry_points.check_configs(entry_points.load_experiment(opts.experiment), opts.config, runs) == [], \
         args
 
 
@@ -303,7 +317,7 @@ def test_parallel_runs_n_at_once_logs_each_run_and_tabulates_in_grid_order(tmp_p
 
 
 def test_seeds_are_runs_of_their_own_with_a_seed_override():
-  runs = launch.plan("translate", "c.py:x", "w", ["model.score=dot"], ["model.decoder=none,luong"],
+  runs = sweeps.plan("translate", "c.py:x", "w", ["model.score=dot"], ["model.decoder=none,luong"],
                      [0, 7])
   assert [r.name for r in runs] == ["decoder=none,seed=0", "decoder=none,seed=7",
                                     "decoder=luong,seed=0", "decoder=luong,seed=7"]
@@ -311,9 +325,9 @@ def test_seeds_are_runs_of_their_own_with_a_seed_override():
   assert runs[1].overrides == (("model.score", "dot"), ("model.decoder", "none"),
                                ("train.seed", "7"))
   assert {r.group for r in runs} == {"decoder=none", "decoder=luong"}
-  only = launch.plan("translate", None, "w", [], [], [3])
+  only = sweeps.plan("translate", None, "w", [], [], [3])
   assert [(r.name, r.workdir) for r in only] == [("seed=3", os.path.join("w", "seed=3"))]
-  assert launch.plan("translate", None, "w", [], [])[0].workdir == "w"  # without seeds: as before
+  assert sweeps.plan("translate", None, "w", [], [])[0].workdir == "w"  # without seeds: as before
 
 
 def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
@@ -334,7 +348,7 @@ def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
   rec = json.loads((tmp_path / "decoder=none,seed=1" / "launch.json").read_text())
   assert rec["overrides"] == {"model.decoder": "none", "train.seed": "1"}
   assert (tmp_path / "results.png").stat().st_size > 1000
-  assert launch.bars([(r, *launch.status(r)) for r in launch.plan(
+  assert report.bars([(r, *rundirs.status(r)) for r in sweeps.plan(
       "translate", SMOKE[len("--config="):], str(tmp_path), [], ["model.decoder=none,luong"],
       [0, 1, 2])], "bleu", [0, 1, 2]) == [("decoder=none", 2.0, 1.0), ("decoder=luong", 4.0, 0.0)]
 
@@ -345,7 +359,7 @@ def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
     (["--seeds=0,1.5"], "'1.5' is not an integer"),
     (["--seeds=0,1", "--set=train.seed=3"], "--seeds sets train.seed: give either --seeds or"),
     (["--seeds=0,1", "--sweep=train.seed=1,2"], "--seeds sets train.seed"),
-    (["--launcher=pbs"], "--launcher=pbs: unknown launcher; known: local, slurm"),
+    (["--launcher=pbs"], "--launcher=pbs: unknown launcher 'pbs'; known: local, slurm"),
     (["--slurm_partition=gpu"], "--slurm_partition applies to --launcher=slurm, not "
                                 "--launcher=local"),
     (["--launcher=slurm", "--slurm_time=1h"], "--slurm_time=1h: expects minutes, HH:MM:SS"),

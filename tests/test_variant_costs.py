@@ -1,5 +1,6 @@
-"""Smoke test of experiments/variant_costs.py: a tiny sweep end to end into a temporary
-directory, its numbers checked against independent facts, and its task against NumPy."""
+"""Smoke test of experiments/variant_costs.py (attn/benchmarks/variant_costs.py, recall.py): a
+tiny sweep end to end into a temporary directory, its numbers checked against independent facts,
+and its task against NumPy."""
 
 import json
 
@@ -10,7 +11,8 @@ import pytest
 from flax import nnx
 
 from attn.errors import ConfigError
-from experiments import variant_costs as vc
+from attn.benchmarks import recall
+from attn.benchmarks import variant_costs as vc
 
 # Global and linear: the two ends (weights formed / never formed). Trained at T=16, tested at
 # T=32: the train-once, test-longer path of the default run.
@@ -55,9 +57,9 @@ def test_a_tiny_sweep_writes_its_files_and_sane_numbers(tmp_path):
 def test_the_gold_probe_reads_the_weights_the_layer_forms():
   """gold_attention's one-hot-value probe equals the weights Attention returns (global)."""
   s = vc.Settings(**TINY)
-  graphdef, state = nnx.split(vc.RecallModel(vc.model_config(s, "global", 16), s.num_values,
+  graphdef, state = nnx.split(recall.RecallModel(vc.model_config(s, "global", 16), s.num_values,
                                              rngs=nnx.Rngs(0)))
-  tokens, _, gold = vc.recall_batch(jax.random.PRNGKey(3), 5, 16, s.num_keys, s.num_values)
+  tokens, _, gold = recall.recall_batch(jax.random.PRNGKey(3), 5, 16, s.num_keys, s.num_values)
 
   @jax.jit
   def probe_and_weights(state, tokens, gold):
@@ -67,8 +69,8 @@ def test_the_gold_probe_reads_the_weights_the_layer_forms():
     h = layer.norm_attn(enc.embedding(tokens, positions))
     kp, v = layer.attn.keys_values(h, positions)
     _, att = layer.attn(layer.attn.queries(h, positions), kp, v, q_pos=positions,
-                        k_pos=positions, key_lengths=vc.full_lengths(tokens))
-    return vc.gold_attention(enc, tokens, gold), att.weights  # [B, L, H], [B, H, T, T]
+                        k_pos=positions, key_lengths=recall.full_lengths(tokens))
+    return recall.gold_attention(enc, tokens, gold), att.weights  # [B, L, H], [B, H, T, T]
 
   probe, w = map(np.asarray, probe_and_weights(state, tokens, gold))
   want = w[np.arange(5), :, -1, np.asarray(gold)]  # [B, H]
@@ -79,7 +81,7 @@ def test_the_gold_probe_reads_the_weights_the_layer_forms():
 @pytest.mark.parametrize("T", [2, 40])
 def test_the_recall_gold_position_holds_the_queried_key_and_the_label(T):
   K, V = 5, 3
-  tokens, labels, gold = map(np.asarray, vc.recall_batch(jax.random.PRNGKey(T), 64, T, K, V))
+  tokens, labels, gold = map(np.asarray, recall.recall_batch(jax.random.PRNGKey(T), 64, T, K, V))
   assert tokens.shape == (64, T) and tokens.min() >= 0 and tokens.max() < K * (V + 1)
   pairs, query = tokens[:, :-1], tokens[:, -1]
   assert np.all(query >= K * V) and np.all(pairs < K * V)  # pair tokens, then one query token
@@ -92,7 +94,7 @@ def test_the_recall_gold_position_holds_the_queried_key_and_the_label(T):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(variants=("global", "sliding")), "unknown variant.*sliding.*known: global"),
+    (dict(variants=("global", "sliding")), "unknown variant.*sliding.*known: fused, global"),
     (dict(lengths=(256, 0)), "--lengths: lengths must be positive"),
     (dict(quality_lengths=(-4,)), "--quality_lengths"),
     (dict(d_model=10, heads=4), "not divisible"),
@@ -111,7 +113,7 @@ def test_the_entry_point_reports_a_bad_flag_as_one_line():
                         "--out=/nonexistent"], capture_output=True, text=True, timeout=60)
   assert out.returncode == 2
   assert out.stderr.strip().splitlines() == [
-      "error: --variants: unknown variant(s) sliding; known: global, window, topk, linear, fused"]
+      "error: --variants: unknown variant(s) sliding; known: fused, global, linear, topk, window"]
 
 
 def test_a_cell_over_a_limit_reports_its_memory_and_why_it_was_not_timed():

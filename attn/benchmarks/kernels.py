@@ -1,11 +1,12 @@
 """Benchmark of the attention kernels against the alternatives (entry point:
-experiments/bench_kernel.py).
+experiments/bench_kernel.py; the implementations and each kernel's facts: kernel_impls.py).
 
 For each implementation x sequence length x head dim x causal x mode it (1) checks correctness
 on the device against the float32 dense reference at a small size, (2) compiles once and reads
 the peak temporary memory from the executable's memory analysis, (3) skips the run when that
 exceeds the memory budget (recorded as such), (4) times the compiled executable: warm-up, then
-the median over repeats cycling through several input sets, with block_until_ready.
+the median over repeats cycling through several input sets, with block_until_ready (the timing
+and memory figures come from attn.benchmarks.harness).
 FLOPs: dot forward 4·B·H·Tq·Tk·d; additive forward B·H·Tq·Tk·(2·d_attn + 2·dv) (tanh stage plus
 the dot stages); both halved when causal; backward 2.5x forward, so fwd_bwd is 3.5x forward.
 The matmul peak is a square matmul in the benchmark's dtype timed in the same run.
@@ -17,146 +18,100 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import datetime
+import io
 import itertools
-import math
 import os
-import platform
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attn.benchmarks import harness
+from attn.benchmarks.kernel_impls import KERNELS, KernelSpec, Unavailable
+from attn.common.files import atomic_path, write_text
+from attn.common.tables import markdown_table as _markdown_table
+from attn.config.configurable import option
+from attn.errors import ConfigError
 from attn.inspection import plots
 from kernels import BlockSizes
-from kernels import additive as _additive
-from kernels import flash_attention as _flash
+
+MODES = ("fwd", "fwd_bwd")
+# Relative tolerance against the float32 reference, per input dtype (the keys: the dtypes run).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-  kernel: str = "dot"  # "dot" (kernels.attention) or "additive" (kernels.additive_attention)
-  batch: int = 1
-  heads: int = 4
-  seq_lens: tuple[int, ...] = (1024, 2048)  # Tq = Tk = T
-  head_dims: tuple[int, ...] = (64,)  # d for dot; d_attn for additive
-  value_dim: int | None = None  # dv; default: d (dot), 64 (additive)
-  dtype: str = "float32"
-  causal: tuple[bool, ...] = (False,)
-  modes: tuple[str, ...] = ("fwd",)  # "fwd" and/or "fwd_bwd"
-  impls: tuple[str, ...] = ("blocked", "naive")
-  repeats: int = 5
-  warmup: int = 1
-  num_inputs: int = 2
-  memory_budget_gib: float | None = None  # None: half the free host memory / 90% of the GPU's
-  check: bool = True
-  block_q: int | None = None
-  block_k: int | None = None
-  block_d: int | None = None
-  outdir: str = "bench_out"
-  name: str | None = None  # file stem; default "<kernel>_<backend>"
-  plot: bool = True
+  """A kernel benchmark sweep (experiments/bench_kernel.py's flags, one for one)."""
+  kernel: str = option("dot", "dot: kernels.attention; additive: kernels.additive_attention.")
+  batch: int = option(1, "Batch size B.")
+  heads: int = option(4, "Heads H.")
+  seq_lens: tuple[int, ...] = option((1024, 2048), "Sequence lengths T (Tq = Tk).")
+  head_dims: tuple[int, ...] = option((64,), "Head dims d (dot) or d_attn (additive).")
+  value_dim: int | None = option(None, "dv; default d (dot) or 64 (additive).")
+  dtype: str = option("float32", f"Input dtype: {', '.join(TOLERANCE)}.")
+  causal: tuple[bool, ...] = option((False,), "Causal settings to sweep (true/false).")
+  modes: tuple[str, ...] = option(("fwd",), "fwd and/or fwd_bwd.")
+  impls: tuple[str, ...] = option(("blocked", "naive"),
+                                  "dot: pallas, blocked, naive, xla, cudnn, jax_triton, jax_mgpu, "
+                                  "tokamax; additive: pallas, blocked, naive.")
+  repeats: int = option(5, "Timed calls (median reported).")
+  warmup: int = option(1, "Untimed calls first.")
+  num_inputs: int = option(2, "Distinct input sets cycled through.")
+  memory_budget_gib: float | None = option(None, "Skip runs whose compiled temporaries exceed "
+                                           "this (default: half the free host memory, 90% of a "
+                                           "GPU's).")
+  check: bool = option(True, "Check each implementation against the dense reference first.")
+  block_q: int | None = option(None, "Query tile (default: the kernel's).")
+  block_k: int | None = option(None, "Key tile.")
+  block_d: int | None = option(None, "d_attn slice of the additive tanh tile.")
+  outdir: str = option("bench_out", "Output directory.")
+  name: str | None = option(None, "File stem (default <kernel>_<backend>).")
+  plot: bool = option(True, "Write the TFLOP/s-vs-T plot.")
+
+  def __post_init__(self):
+    if self.kernel not in KERNELS:
+      raise ConfigError(f"--kernel={self.kernel}: unknown; known: {', '.join(KERNELS.names())}")
+    spec = KERNELS.get(self.kernel)
+    unknown = [i for i in self.impls if i not in spec.impls]
+    if unknown:
+      raise ConfigError(f"--impls: unknown implementations {unknown}; known for {self.kernel}: "
+                        f"{', '.join(spec.impls)}")
+    bad_modes = sorted(set(self.modes) - set(MODES))
+    if bad_modes:
+      raise ConfigError(f"--modes takes fwd and/or fwd_bwd, got {bad_modes}")
+    if self.dtype not in TOLERANCE:
+      raise ConfigError(f"--dtype={self.dtype}: expects one of {', '.join(TOLERANCE)}")
+    if not (self.seq_lens and self.head_dims and self.causal and self.modes):
+      raise ConfigError("--seq_lens, --head_dims, --causal and --modes need a value each")
+
+  @property
+  def spec(self) -> KernelSpec:
+    return KERNELS.get(self.kernel)
+
+  @property
+  def blocks(self) -> BlockSizes | None:
+    """The tiles the flags ask for, or None: each kernel's own."""
+    if not (self.block_q or self.block_k or self.block_d):
+      return None
+    return BlockSizes(block_q=self.block_q or 64, block_k=self.block_k or 64,
+                      block_d=self.block_d)
 
 
-class Unavailable(Exception):
-  """This implementation does not exist on this machine (recorded, not fatal)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Implementations: build(causal, blocks) -> fn(*inputs) -> out [B, T, H, dv].
-
-
-def _ours(fn, implementation):
-  def build(causal, blocks):
-    if implementation == "pallas" and jax.default_backend() == "cpu":
-      raise Unavailable("Pallas has only interpret mode on CPU (not a timing)")
-    kw = {} if blocks is None else {"block_sizes": blocks}
-    return lambda *a: fn(*a, causal=causal, implementation=implementation, **kw)
-  return build
-
-
-def _jax_nn(implementation):
-  def build(causal, blocks):
-    del blocks
-    if implementation == "cudnn" and jax.default_backend() != "gpu":
-      raise Unavailable("cuDNN needs a GPU")
-    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                        implementation=implementation)
-  return build
-
-
-def _jax_pallas_triton(causal, blocks):
-  del blocks
-  if jax.default_backend() != "gpu":
-    raise Unavailable("GPU only")
-  from jax.experimental.pallas.ops.gpu import attention as jattn  # deprecated for tokamax
-  return lambda q, k, v: jattn.mha(q, k, v, None, sm_scale=1 / math.sqrt(q.shape[-1]),
-                                   causal=causal)
-
-
-def _jax_mosaic_gpu(causal, blocks):
-  del blocks
-  if jax.default_backend() != "gpu":
-    raise Unavailable("GPU only (Hopper)")
-  from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
-  config = mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=causal,
-                             block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-  return lambda q, k, v: mgpu.attention(q, k, v, config)
-
-
-def _tokamax(causal, blocks):
-  del blocks
-  try:
-    import tokamax  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise Unavailable("tokamax is not installed") from None
-  return lambda q, k, v: tokamax.dot_product_attention(q, k, v, is_causal=causal)
-
-
-DOT_IMPLS: dict[str, Callable] = {
-    "pallas": _ours(_flash.attention, "pallas"),
-    "blocked": _ours(_flash.attention, "blocked"),
-    "naive": _ours(_flash.attention, "xla"),
-    "xla": _jax_nn("xla"),  # jax.nn.dot_product_attention(implementation="xla")
-    "cudnn": _jax_nn("cudnn"),
-    "jax_triton": _jax_pallas_triton,  # jax.experimental.pallas.ops.gpu.attention.mha
-    "jax_mgpu": _jax_mosaic_gpu,  # jax.experimental.pallas.ops.gpu.attention_mgpu
-    "tokamax": _tokamax,
-}
-ADDITIVE_IMPLS: dict[str, Callable] = {
-    "pallas": _ours(_additive.additive_attention, "pallas"),
-    "blocked": _ours(_additive.additive_attention, "blocked"),
-    "naive": _ours(_additive.additive_attention, "xla"),
-}
-KERNELS = {"dot": DOT_IMPLS, "additive": ADDITIVE_IMPLS}
-# The padded Pallas entry (NaN-poisoned outputs) and the dense reference of each kernel.
-PALLAS_PADDED = {"dot": _flash.pallas_attention_padded,
-                 "additive": _additive.pallas_additive_attention_padded}
-REFERENCES = {"dot": _flash.attention_reference, "additive": _additive.additive_attention_reference}
+def _value_dim(cfg: BenchConfig, d: int) -> int:
+  return cfg.value_dim or cfg.spec.value_dim(d)
 
 
 def _inputs(cfg: BenchConfig, T: int, d: int, seed: int, B=None, H=None):
-  B, H = B or cfg.batch, H or cfg.heads
-  dtype = jnp.dtype(cfg.dtype)
   keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-  if cfg.kernel == "dot":
-    dv = cfg.value_dim or d
-    return (jax.random.normal(keys[0], (B, T, H, d), dtype),
-            jax.random.normal(keys[1], (B, T, H, d), dtype),
-            jax.random.normal(keys[2], (B, T, H, dv), dtype))
-  dv = cfg.value_dim or 64
-  return (jax.random.normal(keys[0], (B, T, H, d), dtype),
-          jax.random.normal(keys[1], (B, T, H, d), dtype),
-          jax.random.normal(keys[2], (H, d), jnp.float32) / math.sqrt(d),
-          jax.random.normal(keys[3], (B, T, H, dv), dtype))
+  return cfg.spec.inputs(keys, B or cfg.batch, T, H or cfg.heads, d, _value_dim(cfg, d),
+                         jnp.dtype(cfg.dtype))
 
 
 def _flops(cfg: BenchConfig, T: int, d: int, causal: bool, mode: str) -> float:
-  dv = cfg.value_dim or (d if cfg.kernel == "dot" else 64)
-  per_pair = 4 * d if cfg.kernel == "dot" else 2 * d + 2 * dv
-  fwd = cfg.batch * cfg.heads * T * T * per_pair / (2 if causal else 1)
+  fwd = cfg.batch * cfg.heads * T * T * cfg.spec.pair_flops(d, _value_dim(cfg, d))
+  fwd /= 2 if causal else 1
   return fwd * (3.5 if mode == "fwd_bwd" else 1.0)
 
 
@@ -180,40 +135,10 @@ def _cotangent(inputs, fn):
 # Measurements.
 
 
-def _timeit(compiled, arg_sets, *, warmup: int, repeats: int) -> float:
-  """Median seconds per call, cycling over the input sets."""
-  for n in range(warmup):
-    jax.block_until_ready(compiled(*arg_sets[n % len(arg_sets)]))
-  times = []
-  for n in range(repeats):
-    args = arg_sets[n % len(arg_sets)]
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
 def matmul_peak_tflops(dtype: str, repeats: int = 5) -> float:
   """TFLOP/s of a square matmul in `dtype` (8192 on accelerators, 2048 on CPU)."""
   n = 2048 if jax.default_backend() == "cpu" else 8192
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.dtype(dtype))
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.dtype(dtype))
-  compiled = jax.jit(lambda a, b: a @ b).lower(a, b).compile()
-  t = _timeit(compiled, [(a, b), (b, a)], warmup=2, repeats=repeats)
-  return 2 * n ** 3 / t / 1e12
-
-
-def memory_budget_bytes(cfg: BenchConfig) -> int:
-  if cfg.memory_budget_gib is not None:
-    return int(cfg.memory_budget_gib * 2 ** 30)
-  device = jax.devices()[0]
-  if device.platform != "cpu":
-    stats = device.memory_stats() or {}
-    if "bytes_limit" in stats:
-      return int(0.9 * stats["bytes_limit"])
-  with open("/proc/meminfo") as f:
-    info = dict(line.split(":", 1) for line in f)
-  return int(0.5 * int(info["MemAvailable"].split()[0]) * 1024)
+  return harness.matmul_flops_per_second(n, jnp.dtype(dtype), warmup=2, repeats=repeats) / 1e12
 
 
 def _poison_and_mask_check(cfg: BenchConfig, causal: bool, blocks) -> str:
@@ -222,7 +147,7 @@ def _poison_and_mask_check(cfg: BenchConfig, causal: bool, blocks) -> str:
   T, B, H, d = 200, 2, 2, cfg.head_dims[0]
   inputs = _inputs(cfg, T, d, seed=5, B=B, H=H)
   kl, ql = jnp.array([T - 3, 0], jnp.int32), jnp.array([150, T], jnp.int32)
-  padded_fn, ref_fn = PALLAS_PADDED[cfg.kernel], REFERENCES[cfg.kernel]
+  padded_fn, ref_fn = cfg.spec.padded, cfg.spec.reference
   # block_sizes=None: the kernel's own GPU tiles.
   padded = lambda *a: padded_fn(*a, key_lengths=kl, query_lengths=ql, causal=causal,
                                 block_sizes=blocks, interpret=False, poison=True)
@@ -234,16 +159,18 @@ def _poison_and_mask_check(cfg: BenchConfig, causal: bool, blocks) -> str:
       return f"FAIL (unwritten elements in {name})"
   got = np.asarray(out[:, :T, :, :ref.shape[-1]], np.float32)
   err = float(np.max(np.abs(got - np.asarray(ref, np.float32))))
-  tol = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}[cfg.dtype]
-  if err > tol * max(1.0, float(np.max(np.abs(got)))):
+  if err > TOLERANCE[cfg.dtype] * max(1.0, float(np.max(np.abs(got)))):
     return f"FAIL (masked err {err:.2g})"
   return "ok"
+
+
+def _error(e: Exception) -> str:
+  return f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
 
 
 def _check(cfg: BenchConfig, impl: str, build, causal: bool, blocks, modes) -> str:
   """Compares with the float32 dense reference at T=256 on this device: 'ok' or the error.
   For our Pallas kernels, also the masked, poisoned-buffer check above."""
-  impls = KERNELS[cfg.kernel]
   try:
     fn = build(causal, blocks)
   except Unavailable as e:
@@ -252,13 +179,13 @@ def _check(cfg: BenchConfig, impl: str, build, causal: bool, blocks, modes) -> s
     try:
       status = _poison_and_mask_check(cfg, causal, blocks)
     except Exception as e:  # noqa: BLE001
-      status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+      status = _error(e)
     if status != "ok":
       return status
-  ref_fn = impls["naive"](causal, None)
+  ref_fn = cfg.spec.impls["naive"](causal, None)
   inputs = _inputs(cfg, 256, cfg.head_dims[0], seed=11, B=1, H=2)
   inputs32 = tuple(x.astype(jnp.float32) for x in inputs)
-  tol = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}[cfg.dtype]
+  tol = TOLERANCE[cfg.dtype]
   try:
     for mode in modes:
       ct = _cotangent(inputs, fn)
@@ -270,40 +197,32 @@ def _check(cfg: BenchConfig, impl: str, build, causal: bool, blocks, modes) -> s
         if not np.isfinite(err) or err > tol:
           return f"FAIL ({mode}: rel err {err:.2g} > {tol})"
   except Exception as e:  # noqa: BLE001  (a failing competitor is recorded, not fatal)
-    return f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    return _error(e)
   return "ok"
+
+
+def _unavailable_row(cfg: BenchConfig, impl: str, why: Unavailable) -> dict:
+  """One row saying an implementation does not exist here, instead of a sweep of empty rows."""
+  return dict(kernel=cfg.kernel, impl=impl, mode="-", causal="-", B=cfg.batch, H=cfg.heads,
+              T="-", d="-", dtype=cfg.dtype, check="-", time_ms=None, tflops=None,
+              pct_peak=None, temp_mib=None, status=f"unavailable: {why}")
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:
   """Runs the sweep; returns {"rows": [...], "meta": {...}} and prints a table as it goes."""
-  if cfg.kernel not in KERNELS:
-    raise ValueError(f"unknown kernel {cfg.kernel!r}; known: {', '.join(KERNELS)}")
-  impls = KERNELS[cfg.kernel]
-  unknown = [i for i in cfg.impls if i not in impls]
-  if unknown:
-    raise ValueError(f"unknown implementations {unknown}; known for {cfg.kernel}: "
-                     f"{', '.join(impls)}")
-  blocks = None
-  if cfg.block_q or cfg.block_k or cfg.block_d:
-    blocks = BlockSizes(block_q=cfg.block_q or 64, block_k=cfg.block_k or 64,
-                        block_d=cfg.block_d)
+  impls, blocks = cfg.spec.impls, cfg.blocks
   peak = matmul_peak_tflops(cfg.dtype)
-  budget = memory_budget_bytes(cfg)
-  meta = dict(date=datetime.date.today().isoformat(), backend=jax.default_backend(),
-              device=str(jax.devices()[0].device_kind), cpu_count=os.cpu_count(),
-              jax=jax.__version__, python=platform.python_version(),
-              xla_flags=os.environ.get("XLA_FLAGS", ""), peak_tflops=peak,
-              budget_gib=budget / 2 ** 30, config=dataclasses.asdict(cfg))
+  budget = harness.memory_budget_bytes(cfg.memory_budget_gib)
+  meta = dict(harness.machine(), peak_tflops=peak, budget_gib=budget / 2 ** 30,
+              config=dataclasses.asdict(cfg))
   print(f"# {meta['device']} ({meta['backend']}), jax {meta['jax']}, {cfg.dtype} matmul peak "
         f"{peak:.3f} TFLOP/s, memory budget {budget / 2 ** 30:.1f} GiB", flush=True)
   checks, rows, available = {}, [], []
   for impl in cfg.impls:
     try:
       impls[impl](cfg.causal[0], blocks)
-    except Unavailable as e:  # one row says so, instead of a sweep of empty rows
-      rows.append(dict(kernel=cfg.kernel, impl=impl, mode="-", causal="-", B=cfg.batch,
-                       H=cfg.heads, T="-", d="-", dtype=cfg.dtype, check="-", time_ms=None,
-                       tflops=None, pct_peak=None, temp_mib=None, status=f"unavailable: {e}"))
+    except Unavailable as e:
+      rows.append(_unavailable_row(cfg, impl, e))
       print(_format_row(rows[-1]), flush=True)
       continue
     available.append(impl)
@@ -336,17 +255,17 @@ def _measure(cfg, build, causal, blocks, T, d, mode, peak, budget) -> dict:
   ct = _cotangent(arg_sets[0], fn)
   arg_sets = [(args, ct) for args in arg_sets]
   try:
-    compiled = jax.jit(_with_mode(fn, mode)).lower(*arg_sets[0]).compile()
+    compiled = harness.compile(_with_mode(fn, mode), *arg_sets[0])
   except Exception as e:  # noqa: BLE001
-    out["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    out["status"] = _error(e)
     return out
-  analysis = compiled.memory_analysis()
-  temp = None if analysis is None else analysis.temp_size_in_bytes
-  out["temp_mib"] = None if temp is None else temp / 2 ** 20
+  mem = harness.memory(compiled)
+  temp = None if mem is None else mem.temp
+  out["temp_mib"] = None if temp is None else temp / harness.MIB
   if temp is not None and temp > budget:
     out["status"] = f"not run: needs {temp / 2 ** 30:.1f} GiB > budget {budget / 2 ** 30:.1f} GiB"
     return out
-  t = _timeit(compiled, arg_sets, warmup=cfg.warmup, repeats=cfg.repeats)
+  t = harness.median_seconds(compiled, arg_sets, warmup=cfg.warmup, repeats=cfg.repeats)
   tflops = _flops(cfg, T, d, causal, mode) / t / 1e12
   out.update(time_ms=t * 1e3, tflops=tflops, pct_peak=100 * tflops / peak, status="ran")
   return out
@@ -369,6 +288,8 @@ def _add_ratios(rows):
 
 COLUMNS = ("impl", "mode", "causal", "T", "d", "time_ms", "tflops", "pct_peak", "temp_mib",
            "time_vs_naive", "naive_mem_ratio", "check", "status")
+HEADER = ("impl", "mode", "causal", "T", "d", "time ms", "TFLOP/s", "% peak", "temp MiB",
+          "time / naive", "naive mem / mem", "check", "status")
 
 
 def _fmt(value) -> str:
@@ -384,51 +305,61 @@ def _format_row(row) -> str:
 
 
 def markdown_table(rows) -> str:
-  header = ("| impl | mode | causal | T | d | time ms | TFLOP/s | % peak | temp MiB | time / naive "
-            "| naive mem / mem | check | status |")
-  lines = [header, "|" + "---|" * len(COLUMNS)]
-  lines += ["| " + _format_row(r) + " |" for r in rows]
-  return "\n".join(lines)
+  """The results as a markdown table (attn.common.tables), three significant digits."""
+  return _markdown_table(HEADER, [[row.get(c) for c in COLUMNS] for row in rows], fmt=_fmt)
+
+
+def _csv(rows) -> str:
+  buf = io.StringIO()
+  writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else list(COLUMNS))
+  writer.writeheader()
+  writer.writerows(rows)
+  return buf.getvalue()
+
+
+def _plot(rows, cfg: BenchConfig, meta: dict, path: str) -> bool:
+  """TFLOP/s against T, one line per implementation, mode, d and causality; False without
+  matplotlib (the CSV and markdown still stand)."""
+  try:
+    plt = plots.pyplot()
+  except ImportError:
+    return False
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  series = {}
+  for r in rows:
+    if r["tflops"]:
+      label = f"{r['impl']} {r['mode']} d={r['d']}" + (" causal" if r["causal"] else "")
+      series.setdefault(label, []).append((r["T"], r["tflops"]))
+  for label, pts in sorted(series.items()):
+    pts.sort()
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("sequence length T")
+  ax.set_ylabel("TFLOP/s")
+  ax.set_title(f"{cfg.kernel} attention, {cfg.dtype}, {meta['device']}")
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  with atomic_path(path, suffix=".png") as tmp:
+    fig.savefig(tmp, dpi=120, format="png")
+  plt.close(fig)
+  return True
 
 
 def write_outputs(result: dict, cfg: BenchConfig, command: str = "") -> list[str]:
-  """CSV, markdown (with the command and machine) and a TFLOP/s-vs-T plot under cfg.outdir."""
+  """CSV, markdown (with the command and machine) and a TFLOP/s-vs-T plot under cfg.outdir,
+  each written atomically."""
   os.makedirs(cfg.outdir, exist_ok=True)
   meta, rows = result["meta"], result["rows"]
   stem = os.path.join(cfg.outdir, cfg.name or f"{cfg.kernel}_{meta['backend']}")
-  with open(stem + ".csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else list(COLUMNS))
-    writer.writeheader()
-    writer.writerows(rows)
-  with open(stem + ".md", "w") as f:
-    f.write(f"Command: `{command}`\n\n"
-            f"Machine: {meta['device']} ({meta['backend']}, {meta['cpu_count']} CPU cores), "
-            f"jax {meta['jax']}, Python {meta['python']}, XLA_FLAGS=`{meta['xla_flags']}`, "
-            f"{meta['date']}. {cfg.dtype} matmul peak {meta['peak_tflops']:.3f} TFLOP/s; "
-            f"B={cfg.batch}, H={cfg.heads}.\n\n{markdown_table(rows)}\n")
+  write_text(stem + ".csv", _csv(rows))
+  write_text(stem + ".md",
+             f"Command: `{command}`\n\n"
+             f"Machine: {meta['device']} ({meta['backend']}, {meta['cpu_count']} CPU cores), "
+             f"jax {meta['jax']}, Python {meta['python']}, XLA_FLAGS=`{meta['xla_flags']}`, "
+             f"{meta['date']}. {cfg.dtype} matmul peak {meta['peak_tflops']:.3f} TFLOP/s; "
+             f"B={cfg.batch}, H={cfg.heads}.\n\n{markdown_table(rows)}\n")
   written = [stem + ".csv", stem + ".md"]
-  if cfg.plot and any(r["tflops"] for r in rows):
-    try:
-      plt = plots.pyplot()
-    except ImportError:  # matplotlib absent: the CSV and markdown still stand
-      return written
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = {}
-    for r in rows:
-      if r["tflops"]:
-        label = f"{r['impl']} {r['mode']} d={r['d']}" + (" causal" if r["causal"] else "")
-        series.setdefault(label, []).append((r["T"], r["tflops"]))
-    for label, pts in sorted(series.items()):
-      pts.sort()
-      ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"{cfg.kernel} attention, {cfg.dtype}, {meta['device']}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=120)
-    plt.close(fig)
+  if cfg.plot and any(r["tflops"] for r in rows) and _plot(rows, cfg, meta, stem + ".png"):
     written.append(stem + ".png")
   return written

@@ -157,6 +157,45 @@ def run(main):
   app.run(guarded, flags_parser=parse_flags)
 
 
+def _calling_module(depth: int = 2) -> str:
+  """The name absl files a flag under for the module `depth` frames up (the main module by its
+  path, as absl does)."""
+  name = sys._getframe(depth).f_globals.get("__name__", "")  # pylint: disable=protected-access
+  return sys.argv[0] if name == "__main__" else name
+
+
+def define_training_flags(default_config: str) -> None:
+  """A training experiment's flags: `--config=FILE:PRESET` (locked: a misspelled field fails
+  with a suggestion) defaulting to `default_config`, the required `--workdir` and the
+  distributed flags. They belong to the calling module (its --help; launch.py reads the
+  experiment's own --config default from it)."""
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  module = _calling_module()
+  config_flags.DEFINE_config_file("config", default_config, "Experiment config (path.py:preset).",
+                                  lock_config=True)
+  flags.FLAGS.register_flag_by_module(module, flags.FLAGS["config"])
+  flags.DEFINE_string("workdir", None, "Output directory (resumes if it holds a checkpoint).",
+                      module_name=module)
+  flags.mark_flags_as_required(["workdir"])
+  define_distributed_flags()
+
+
+def training_entry_point(task: str):
+  """(validate_config, main) of the training experiment of `task`: validate_config(config) makes
+  the checks train_and_evaluate makes before touching a workdir (launch.py runs them on every
+  combination of a sweep before starting any); main trains, evaluates and reports."""
+
+  def validate_config(config):
+    from attn import training  # pylint: disable=import-outside-toplevel
+    training.validate_config(config, task=task)
+
+  def main(argv):
+    del argv
+    train_and_report(flags.FLAGS.config, flags.FLAGS.workdir, task=task)
+
+  return validate_config, main
+
+
 def train_and_report(config, workdir: str, task: str) -> None:
   """What a training experiment's main does: joins the cluster (from the distributed flags),
   trains and evaluates `task` in `workdir` (resuming), and prints the results table once."""
@@ -202,26 +241,44 @@ def _flag_fields(cls):
   return out
 
 
+def _scalar_type(f) -> type:
+  """The type of a scalar field: its default's, or for a None default the annotation's
+  (`int | None`: int); str when neither says."""
+  if f.default is not None:
+    return type(f.default)
+  text = str(f.type).replace(" ", "")
+  return next((t for t in (bool, int, float) if f"{t.__name__}|" in text
+               or f"|{t.__name__}" in text or f"Optional[{t.__name__}]" in text), str)
+
+
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+           str: flags.DEFINE_string}
+
+
 def define_settings_flags(cls, *, skip=(), flag_values=flags.FLAGS) -> None:
   """One absl flag per settable field of the settings dataclass `cls` (nested sections
   flattened), named as the field, with the field's default and help; `skip` names fields the entry
-  point defines itself. Tuples become comma-separated list flags."""
+  point defines itself. Tuples become comma-separated list flags; a field whose default is None
+  takes its flag type from its annotation (`int | None = None`: an integer flag, unset). The
+  flags belong to the calling module, so its --help lists them."""
+  module = _calling_module()
   for name, f, _ in _flag_fields(cls):
     if name in skip:
       continue
     default, help_ = f.default, f.metadata.get("help", "")
-    if isinstance(default, bool):
-      flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, int):
-      flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, float):
-      flags.DEFINE_float(name, default, help_, flag_values=flag_values)
-    elif isinstance(default, tuple):
-      flags.DEFINE_list(name, [str(v) for v in default], help_, flag_values=flag_values)
-    elif isinstance(default, str) or default is None:
-      flags.DEFINE_string(name, default, help_, flag_values=flag_values)
-    else:
-      raise TypeError(f"{cls.__name__}.{name}: no flag type for {type(default).__name__}")
+    if isinstance(default, tuple):
+      flags.DEFINE_list(name, [_as_text(v) for v in default], help_, flag_values=flag_values,
+                        module_name=module)
+      continue
+    kind = _scalar_type(f)
+    if kind not in _DEFINE:
+      raise TypeError(f"{cls.__name__}.{name}: no flag type for {kind.__name__}")
+    _DEFINE[kind](name, default, help_, flag_values=flag_values, module_name=module)
+
+
+def _as_text(v) -> str:
+  """A list flag's default element as typed on a command line (booleans lower-case)."""
+  return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _element_type(f) -> type:
@@ -231,6 +288,18 @@ def _element_type(f) -> type:
     if f"[{t.__name__}," in text.replace(" ", ""):
       return t
   return type(f.default[0]) if f.default else str
+
+
+_TRUTH = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse(kind: type, text):
+  """A list flag's element as `kind`; ValueError if it is not one (bool: true/false, 1/0)."""
+  if kind is bool:
+    if str(text).lower() not in _TRUTH:
+      raise ValueError(text)
+    return _TRUTH[str(text).lower()]
+  return kind(text)
 
 
 def settings_from_flags(cls, *, flag_values=flags.FLAGS, **given):
@@ -245,9 +314,10 @@ def settings_from_flags(cls, *, flag_values=flags.FLAGS, **given):
     if isinstance(f.default, tuple):
       kind = _element_type(f)
       try:
-        value = tuple(kind(v) for v in value)
+        value = tuple(_parse(kind, v) for v in value)
       except ValueError:
-        raise ConfigError(f"--{name}: {value} are not all {kind.__name__} values") from None
+        raise ConfigError(f"--{name}: {','.join(map(str, value))} are not all {kind.__name__} "
+                          "values") from None
     (sections.setdefault(section, {}) if section else values)[name] = value
   for section, fields in sections.items():
     default = next(f.default for f in dataclasses.fields(cls) if f.name == section)

@@ -28,10 +28,10 @@ same code on the node. The array script needs nothing beyond Slurm's sbatch inte
 (https://slurm.schedmd.com/job_array.html) have been stable for many releases; it is plain text a
 user can read before submitting it, and the tests drive it with a fake `sbatch` on PATH.
 
-Launchers register by name in LAUNCHERS (a plain dict with a decorator that refuses duplicates:
-attn.registry's kinds are attention variants, and launch code stays out of attn/). Each declares
-the launch.py flags only it reads (FLAGS), so a flag given to the other launcher is a one-line
-usage error rather than silently ignored.
+Launchers register by name in LAUNCHERS (an attn.registry.Registry: a name registers once, an
+unknown one is a ConfigError listing the known). Each declares the launch.py flags only it reads
+(FLAGS), so a flag given to the other launcher is a one-line usage error rather than silently
+ignored.
 """
 
 from __future__ import annotations
@@ -47,36 +47,34 @@ import subprocess
 import sys
 import time
 
+from attn.common.files import write_json, write_text
 from attn.errors import ConfigError
-from attn.training.results import write_json, write_text
+from attn.registry import Registry
 
 RECORD = "launch.json"  # per run directory: what launch ran there and how it ended
 LOG = "launch.log"  # per run directory: the run's output when runs share the terminal
 SLURM_DIR = "slurm"  # under --workdir: the array script and the tasks' output
 TAIL = 5  # lines of a failed run's log printed under its "failed" line
 
-LAUNCHERS = {}
+LAUNCHERS = Registry("launcher", error=ConfigError)
 
 
 def register(name):
   """Class decorator: the launcher `name` (what --launcher says); a name registers once."""
   def decorator(cls):
-    if name in LAUNCHERS:
-      raise ValueError(f"launcher {name!r} is already registered")
     cls.name = name
-    LAUNCHERS[name] = cls
-    return cls
+    return LAUNCHERS.add(name, cls)
   return decorator
 
 
 def make(opts):
   """The launcher --launcher names, configured from launch.py's flags. ConfigError (one line) for
   an unknown name, or a flag that belongs to another launcher."""
-  cls = LAUNCHERS.get(opts.launcher)
-  if cls is None:
-    raise ConfigError(f"--launcher={opts.launcher}: unknown launcher; known: "
-                      f"{', '.join(sorted(LAUNCHERS))}")
-  for other in LAUNCHERS.values():
+  try:
+    cls = LAUNCHERS.get(opts.launcher)
+  except ConfigError as e:
+    raise ConfigError(f"--launcher={opts.launcher}: {e}") from None
+  for _, other in LAUNCHERS.items():
     for flag in other.FLAGS:
       if flag not in cls.FLAGS and opts[flag].present:
         raise ConfigError(f"--{flag} applies to --launcher={other.name}, not "

@@ -1,0 +1,173 @@
+"""Training throughput of a seq2seq config on real batches, per compute dtype, against the bare
+matmul ceiling of each dtype measured in the same run (entry point: experiments/bench_train.py).
+
+Compiles the train step of every compute dtype for every bucket shape first (so no compilation
+is timed) and runs the batches once untimed, then times the same `steps` real training batches
+one by one (block_until_ready, through attn.benchmarks.harness), round-robin: float32,
+bfloat16, float32, bfloat16, ... (`rounds`), so that load from other jobs on a shared machine
+hits every dtype alike. The bare-matmul ceiling (n x n operands of the dtype, float32
+accumulation) is measured before the first and after the last round. Reports per dtype: the
+median step time, target tokens/s (EOS included, padding excluded, as the training log counts
+them), and the achieved matmul rate from the analytic FLOP count of the step
+(`attn.models.cost.train_step_flops`, checked against the dot_generals of the traced step, also
+printed) as a percent of that dtype's ceiling. Every figure goes with the load average.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attn import precision
+from attn.benchmarks import harness
+from attn.common.tables import markdown_table
+from attn.config.configurable import option
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The benchmark's settings (experiments/bench_train.py's flags besides --config)."""
+  steps: int = option(30, "Timed training steps per dtype and round.")
+  rounds: int = option(2, "Round-robin rounds over the compute dtypes.")
+  compute_dtypes: tuple[str, ...] = option((), "Compute dtypes to compare (float32,bfloat16); "
+                                           "default: the config's train.compute_dtype.")
+  ceiling_sizes: tuple[int, ...] = option((1024, 2048), "n of the n x n bare-matmul ceiling.")
+  workdir: str = option("workdirs/bench_train", "Vocabulary and data cache.")
+
+
+def matmul_ceiling(n: int, dtype_name: str) -> float:
+  """GFLOP/s of a jitted n x n matmul with `dtype_name` operands and float32 accumulation."""
+  dtype = precision.compute_dtype(dtype_name)
+  return harness.matmul_flops_per_second(n, dtype, accumulate=jnp.float32) / 1e9
+
+
+def with_compute_dtype(run, compute_dtype: str):
+  """The run with a fresh model (same seed: same float32 parameters) whose matmuls run in
+  `compute_dtype`, and its optimizer."""
+  from attn.training.config import make_optimizer  # pylint: disable=import-outside-toplevel
+  tc = run.tc.replace(compute_dtype=compute_dtype)
+  model = run.task.build_model(run.mc, seed=tc.seed, compute_dtype=compute_dtype)
+  optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  return dataclasses.replace(run, tc=tc, model=model, optimizer=optimizer, graphdef=graphdef,
+                             state=state)
+
+
+def _shape(batch) -> tuple:
+  return batch["src"].shape + batch["tgt"].shape  # (B, Ts, B, Tt)
+
+
+def compiled_batches(base, runs, steps, n: int):
+  """`n` training batches, with every bucket shape compiled for every dtype on the way (at most
+  10 n batches are drawn looking for them); (batches, traced matmul FLOPs per shape)."""
+  from attn.models import cost  # pylint: disable=import-outside-toplevel
+  from attn.training.evaluation import device_batch  # pylint: disable=import-outside-toplevel
+  it, key, first = base.bundle.train_iter(0), jax.random.PRNGKey(0), next(iter(runs))
+  batches, counted = [], {}
+  while len(batches) < n or len(counted) < len(base.bundle.shapes):
+    b = device_batch(next(it))
+    if _shape(b) not in counted:
+      for d, step in steps.items():
+        jax.block_until_ready(step(runs[d].state, b, key))  # compile this bucket
+      counted[_shape(b)] = cost.jaxpr_flops(steps[first], runs[first].state, b, key)
+    batches.append(b)
+    if len(batches) > 10 * n:
+      break
+  return batches[:n], counted
+
+
+def time_rounds(runs, steps, batches, s: Settings):
+  """Seconds of every timed step per dtype, and the ceiling (GFLOP/s) per dtype and size, each
+  measured before the first and after the last round."""
+  dtypes, key = list(runs), jax.random.PRNGKey(0)
+  ceilings = {d: {n: [] for n in s.ceiling_sizes} for d in dtypes}
+
+  def measure_ceiling():
+    for d in dtypes:
+      for n in s.ceiling_sizes:
+        ceilings[d][n].append(matmul_ceiling(n, d))
+    print("  ceiling: " + "; ".join(f"{d} " + ", ".join(f"{n}^2 {ceilings[d][n][-1]:.0f}"
+                                                          for n in s.ceiling_sizes)
+                                    for d in dtypes) + f" GFLOP/s (load {harness.loadavg()})")
+
+  times, states = {d: [] for d in dtypes}, {d: r.state for d, r in runs.items()}
+  # One untimed pass over the batches per dtype: the first steps after compiling run several
+  # times slower (buffers and thread pools warming up), whichever dtype goes first.
+  for d in dtypes:
+    for i, b in enumerate(batches):
+      states[d], _ = harness.timed_call(steps[d], states[d], b, jax.random.fold_in(key, i))[0]
+  measure_ceiling()
+  toks = sum(float(b["tgt_lengths"].sum()) for b in batches)
+  for rnd in range(s.rounds):
+    for d in dtypes:
+      for i, b in enumerate(batches):
+        (states[d], _), t = harness.timed_call(steps[d], states[d], b, jax.random.fold_in(key, i))
+        times[d].append(t)
+      round_t = np.array(times[d][-len(batches):])
+      print(f"  round {rnd + 1} {d}: median step {np.median(round_t):.3f} s, "
+            f"{toks / round_t.sum():.0f} target tokens/s (load {harness.loadavg()})")
+  measure_ceiling()
+  return times, ceilings
+
+
+def report(base, batches, counted, times, ceilings, s: Settings) -> str:
+  """Prints the work per step (analytic and traced FLOPs) and returns the table per dtype."""
+  from attn.models import cost, count_params  # pylint: disable=import-outside-toplevel
+  shapes = [_shape(b) for b in batches] * s.rounds
+  toks = np.array([float(b["tgt_lengths"].sum()) for b in batches] * s.rounds)
+  traced = np.array([counted[sh] for sh in shapes])
+  try:
+    analytic = np.array([cost.train_step_flops(base.mc, B, Ts, Tt) for B, Ts, _, Tt in shapes])
+    source = "analytic"
+  except ValueError as e:  # a variant the analytic count does not cover: the traced one counts
+    print(f"no analytic count ({e}): the rates below use the traced step's count")
+    analytic, source = traced, "traced"
+  B = batches[0]["src"].shape[0]
+  out_layer = np.array([cost.output_layer_flops(base.mc, B, Tt) for _, _, _, Tt in shapes])
+  print(f"model {base.mc.variant['decoder']}/{base.mc.variant['score']}: {s.steps} batches x "
+        f"{s.rounds} rounds per dtype, batch {B}, {count_params(base.model):,} parameters")
+  print(f"matmul work a step: {analytic.mean() / 1e9:.1f} GFLOP {source}, "
+        f"{traced.mean() / 1e9:.1f} GFLOP counted on the traced step "
+        f"(ratio {analytic.sum() / traced.sum():.4f}); the [D, V] output layer is "
+        f"{out_layer.sum() / analytic.sum():.0%} of it")
+  rows, rates = [], {}
+  for d, t in times.items():
+    t = np.array(t)
+    rates[d] = toks.sum() / t.sum()
+    gflops = analytic.sum() / t.sum() / 1e9
+    ceiling = max(float(np.median(v)) for v in ceilings[d].values())
+    rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", f"{ceiling:.0f}",
+                 f"{gflops / ceiling:.0%}"])
+  table = markdown_table(["compute dtype", "median s/step", "target tokens/s",
+                          "GFLOP/s (matmul)", "ceiling GFLOP/s (same run, best n)",
+                          "% of ceiling"], rows)
+  dtypes = list(times)
+  if len(dtypes) > 1:
+    table += "\ntokens/s relative to " + dtypes[0] + ": " + ", ".join(
+        f"{d} {rates[d] / rates[dtypes[0]]:.2f}x" for d in dtypes[1:])
+  return table
+
+
+def run(config, s: Settings) -> str:
+  """The benchmark for the experiment config `config` (a ConfigDict); prints its progress and
+  returns the table."""
+  from attn import training  # pylint: disable=import-outside-toplevel
+  print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs)")
+  base = training.setup(config, s.workdir)
+  runs = {d: with_compute_dtype(base, d) for d in s.compute_dtypes or [base.tc.compute_dtype]}
+  steps = {d: r.step_fn() for d, r in runs.items()}
+  t0 = time.time()
+  batches, counted = compiled_batches(base, runs, steps, s.steps)
+  print(f"compiled {len(counted)} bucket shapes x {len(runs)} dtypes in "
+        f"{time.time() - t0:.1f} s")
+  times, ceilings = time_rounds(runs, steps, batches, s)
+  table = report(base, batches, counted, times, ceilings, s)
+  print(table)
+  print(f"load average at end: {harness.loadavg()}")
+  return table

@@ -1,0 +1,95 @@
+"""The experiments launch.py can launch, and checking a sweep's configs before anything runs.
+
+An experiment is an entry point under experiments/ that trains in `--workdir`, takes
+`--config=FILE:PRESET --config.KEY=VALUE`, resumes from its checkpoints and leaves its results
+in <workdir>/results.json: the runs launch.py knows how to start, skip, refuse and tabulate.
+Other entry points (benchmarks, the look-inside tools) are run directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from attn.errors import AttnError, ConfigError
+from attn.launching import cli
+from attn.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """module: what `python -m` runs; doc: one line for listings."""
+  module: str
+  doc: str = ""
+
+
+EXPERIMENTS: Registry[Experiment] = Registry("experiment", error=ConfigError)
+EXPERIMENTS.add("translate", Experiment("experiments.translate", "seq2seq translation"))
+EXPERIMENTS.add("summarize", Experiment("experiments.summarize",
+                                        "summarization: attention, pointer-generator, coverage"))
+
+
+def experiment(name: str) -> Experiment:
+  """The registered experiment `name`; a ConfigError (one line) listing the known ones if none."""
+  if name not in EXPERIMENTS:
+    raise ConfigError(f"--experiment={name}: not an experiment launch.py runs; known: "
+                      f"{', '.join(EXPERIMENTS.names())}")
+  return EXPERIMENTS.get(name)
+
+
+def load_experiment(name):
+  """The experiment's module (it defines the experiment's flags on absl's global FLAGS)."""
+  return importlib.import_module(experiment(name).module)
+
+
+def default_config(module):
+  """The experiment's own --config default (what it runs without --config), or None."""
+  for f in flags.FLAGS.get_flags_for_module(module.__name__):
+    if f.name == "config" and f.default_as_str:
+      return f.default_as_str.strip("'")
+  return None
+
+
+def build_config(config, overrides):
+  """The ConfigDict the experiment sees for `--config=<config> --config.<k>=<v> ...`: parsed by a
+  fresh FlagValues with the experiments' flag definition (lock_config=True). ConfigError (one
+  line) for a missing file, an unknown preset or field (with ml_collections' suggestion) or a value
+  of the wrong type."""
+  path = config.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise ConfigError(f"--config={config}: no file {path}")
+  argv = ["launch", f"--config={config}"] + [f"--config.{k}={v}" for k, v in overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "Experiment config.", flag_values=fv,
+                                  lock_config=True, sys_argv=argv)
+  try:
+    fv(argv)
+  except (flags.Error, AttributeError, KeyError) as e:
+    raise ConfigError(cli.describe_flag_error(e, argv)) from None
+  return fv.config
+
+
+def check_configs(module, config, runs) -> list:
+  """One 'name: what is wrong' per run (anything with .name and .overrides) whose config the
+  experiment would reject, by its `validate_config(config)` where it has one.
+
+  ConfigError (raised, not listed) when the config file itself cannot be built: then every
+  combination would fail the same way."""
+  config = config or default_config(module)
+  if not config:
+    return []  # the experiment takes no config file: nothing to build
+  build_config(config, ())
+  validate = getattr(module, "validate_config", None)
+  errors = []
+  for run in runs:
+    try:
+      cfg = build_config(config, run.overrides)
+      if validate is not None:
+        validate(cfg)
+    except AttnError as e:
+      errors.append(f"{run.name}: {e}" if len(runs) > 1 else str(e))
+  return errors

@@ -1,0 +1,141 @@
+"""A sweep: its runs (the --sweep grid or the --vary ablation, per --seeds seed, with the --set
+overrides; each run's name, directory and command) and `launch`, which checks them all, starts the
+unfinished ones with a launcher and writes the results table (see launch.py for the command line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import sys
+
+from attn.errors import ConfigError
+from attn.launching import cli, entry_points, launchers, report, rundirs
+
+SEED_KEY = "train.seed"  # the override --seeds sets (TrainConfig.seed: initialization, dropout)
+
+
+def parse_axis(spec):
+  """'model.decoder=none,bahdanau' -> ('model.decoder', ['none', 'bahdanau'])."""
+  key, sep, values = spec.partition("=")
+  if not sep or not key or not values:
+    raise ConfigError(f"--sweep/--set expects key=value[,value...], got {spec!r}")
+  return key, values.split(",")
+
+
+def grid(sweeps):
+  """All combinations: [(name, [(key, value), ...])] with names like 'decoder=none,score=dot'."""
+  axes = [parse_axis(s) for s in sweeps]
+  runs = []
+  for combo in itertools.product(*[[(k, v) for v in vs] for k, vs in axes]):
+    name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "run"
+    runs.append((name, list(combo)))
+  return runs
+
+
+def one_at_a_time(varies):
+  """An ablation: [("base", [])] then one run per value of each axis, alone:
+  [('heads=2', [('model.heads', '2')]), ...]. Refuses an axis given twice (ConfigError)."""
+  runs, seen = [("base", [])], set()
+  for key, values in map(parse_axis, varies):
+    if key in seen:
+      raise ConfigError(f"--vary {key} is given twice: list all its values in one --vary")
+    seen.add(key)
+    runs += [(f"{key.split('.')[-1]}={v}", [(key, v)]) for v in values]
+  return runs
+
+
+def command(experiment, config, workdir, overrides):
+  """The run's command line: `python -m <the experiment's module> --workdir=... --config=...`."""
+  module = entry_points.experiment(experiment).module
+  cmd = [sys.executable, "-m", module, f"--workdir={workdir}"]
+  if config:
+    cmd.append(f"--config={config}")
+  cmd += [f"--config.{k}={v}" for k, v in overrides]
+  return cmd
+
+
+def parse_seeds(values, sets=(), sweeps=()) -> list:
+  """--seeds as ints; ConfigError (one line) for a non-integer, a duplicate, or a --set/--sweep
+  of the key the seeds set."""
+  seeds = []
+  for v in values:
+    try:
+      seed = int(v)
+    except ValueError:
+      raise ConfigError(f"--seeds={','.join(values)}: {v!r} is not an integer") from None
+    if seed in seeds:
+      raise ConfigError(f"--seeds={','.join(values)}: seed {seed} is listed twice")
+    seeds.append(seed)
+  if seeds and any(parse_axis(a)[0] == SEED_KEY for a in [*sets, *sweeps]):
+    raise ConfigError(f"--seeds sets {SEED_KEY}: give either --seeds or a --set/--sweep of "
+                      f"{SEED_KEY}, not both")
+  return seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run: its name, run directory and overrides (--set ones, then --sweep values, then the
+  seed); group: the combination's name without the seed (what the seed table averages over)."""
+  name: str
+  workdir: str
+  experiment: str
+  config: str | None
+  overrides: tuple
+  group: str = ""
+
+  @property
+  def command(self):
+    return command(self.experiment, self.config, self.workdir, self.overrides)
+
+  def identity(self) -> dict:
+    """What launch.json records and a rerun must match: experiment, config file and overrides
+    (a later override of the same key wins, as on the experiment's command line). Values compare
+    as written: `1e-3` and `0.001` differ, which refuses rather than reuses."""
+    return {"experiment": self.experiment, "config": self.config or "",
+            "overrides": dict(self.overrides)}
+
+
+def plan(experiment, config, workdir, sets, sweeps, seeds=(), varies=()) -> list:
+  """The runs of a launch: one per combination of `sweeps` (or per setting of the one-at-a-time
+  `varies`), and per seed, each with all of `sets`. A single run (no sweeps, varies or seeds)
+  runs in `workdir` itself."""
+  if sweeps and varies:
+    raise ConfigError("--sweep (a grid) and --vary (one factor at a time) do not combine; "
+                      "give one of them")
+  fixed = [(k, ",".join(vs)) for k, vs in map(parse_axis, sets)]
+  axes = sweeps or varies
+  runs = []
+  for name, combo in one_at_a_time(varies) if varies else grid(sweeps):
+    for seed in seeds or [None]:
+      run_name, overrides = name, fixed + combo
+      if seed is not None:
+        run_name = f"{name},seed={seed}" if axes else f"seed={seed}"
+        overrides = overrides + [(SEED_KEY, str(seed))]
+      run_dir = os.path.join(workdir, run_name) if axes or seeds else workdir
+      runs.append(Run(run_name, run_dir, experiment, config, tuple(overrides), group=name))
+  return runs
+
+
+def launch(opts, argv) -> int:
+  """Checks every combination, then starts the unfinished ones with the launcher (or, with
+  --collect, only reads the run directories) and writes the table; the exit status (0, 1 or 2).
+  opts: launch.py's parsed flags; argv: the command line recorded in results.md."""
+  launcher = launchers.make(opts)
+  module = entry_points.load_experiment(opts.experiment)
+  seeds = parse_seeds(opts.seeds, opts.set, [*opts.sweep, *opts.vary])
+  runs = plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds, opts.vary)
+  errors = entry_points.check_configs(module, opts.config, runs)
+  for e in errors:
+    print(f"error: {e}", file=sys.stderr)
+  if errors:
+    return cli.USAGE_ERROR  # a user mistake, reported before anything runs
+  if opts.dry_run:
+    for i, run in enumerate(runs, 1):
+      print(f"[{i}/{len(runs)}] {run.name}: {' '.join(run.command[1:])}", flush=True)
+    return 0
+  todo = rundirs.survey(runs, opts.collect)
+  if todo:
+    launcher.start(todo, opts.workdir)
+  return report.summarize(runs, opts.workdir, opts.metrics, seeds, argv, collect=opts.collect)
