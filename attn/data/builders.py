@@ -7,7 +7,7 @@ order they were generated or read in (`disable_shuffling`): record i of a split 
 its files, and its `id` field is i.
 
 Features: `id` int64, `src` and `tgt` text; built-in tasks add `align`, [K, 2] int32 (target
-token, source token) pairs (see tasks.py); JSON lines with `data.reference_fields` add `refs`, one
+token, source token) pairs (see builtin_tasks.py); JSON lines with `data.reference_fields` add `refs`, one
 text per reference field, read in the splits of `reference_splits` (eval/test) and empty elsewhere.
 
 This module imports tensorflow_datasets at import time: import it lazily (sources.py does).
@@ -23,7 +23,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attn.data import corpora, tasks
+from attn.data import builtin_tasks, corpora
 from attn.data.base import DataError
 from attn.data.config import DataConfig
 
@@ -54,12 +54,12 @@ def _text_features(with_align: bool, with_refs: bool = False):
 
 class AttnTask(tfds.core.GeneratorBasedBuilder):
   """A built-in task's train/eval/test splits, generated from the seed. params: the DataConfig
-  fields of tasks.Task.fingerprint plus the split sizes."""
+  fields of builtin_tasks.BuiltinTask.fingerprint plus the split sizes."""
   VERSION = tfds.core.Version(_VERSION)
 
   def _info(self):
     return self.dataset_info_from_configs(features=_text_features(True), disable_shuffling=True,
-                                          description="attn built-in task (attn/data/tasks.py)")
+                                          description="attn built-in task (attn/data/builtin_tasks.py)")
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -70,7 +70,7 @@ class AttnTask(tfds.core.GeneratorBasedBuilder):
     p = json.loads(self.builder_config.params)
     settings = {k: tuple(v) if isinstance(v, list) else v for k, v in p["config"].items()
                 if k != "version"}
-    task = tasks.get_task(DataConfig(**settings))
+    task = builtin_tasks.builtin_task(DataConfig(**settings))
     for i, ex in enumerate(task.generate(role, size)):
       yield i, {"id": i, "src": ex.src, "tgt": ex.tgt, "align": ex.align}
 

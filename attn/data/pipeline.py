@@ -45,7 +45,7 @@ from typing import Iterator
 import numpy as np
 
 from attn.data import bucketing
-from attn.data.base import EOS, PAD, UNK, DataError, get_source
+from attn.data.base import EOS, PAD, SOURCES, UNK, DataError
 from attn.data.config import DataConfig
 from attn.data.tokenize import Vocab, build_vocab, load_vocab, vocab_from_counts
 
@@ -436,7 +436,7 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
   Raises DataError for bad input or config.
   """
   cfg = DataConfig.from_config(data_config)
-  source = get_source(cfg.task)(cfg)
+  source = SOURCES.get(cfg.task)(cfg)
   if cfg.reference_fields and not source.reads_references:
     raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
                     "has no reference fields (only jsonl and tfds records do)")

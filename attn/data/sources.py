@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from attn.data import corpora, tasks, tfds_sources
+from attn.data import builtin_tasks, corpora, tfds_sources
 from attn.data.base import ROLES, DataError, register_source
 from attn.data.config import DataConfig
 from attn.data.tokenize import TokenizerSpec
@@ -76,14 +76,14 @@ class Source(abc.ABC):
     """Identifies the records (used to key the lengths cache)."""
 
 
-class TaskSource(Source):
-  """A built-in task (tasks.py); split names in the config are ignored: the task generates
+class BuiltinTaskSource(Source):
+  """A built-in task (builtin_tasks.py); split names in the config are ignored: the task generates
   train/eval/test of train_size/eval_size/test_size."""
   has_alignments = True
 
   def __init__(self, cfg):
     super().__init__(cfg)
-    self.task = tasks.get_task(cfg)
+    self.task = builtin_tasks.builtin_task(cfg)
 
   def tokenizer_specs(self):
     return TokenizerSpec(self.task.src_tokenizer), TokenizerSpec(self.task.tgt_tokenizer)
@@ -115,8 +115,8 @@ class TaskSource(Source):
     return self._config_name
 
 
-for _name in tasks.TASKS:
-  register_source(_name)(type(f"{_name.title()}Source", (TaskSource,), {}))
+for _name in builtin_tasks.BUILTIN_TASKS:
+  register_source(_name)(type(f"{_name.title()}Source", (BuiltinTaskSource,), {}))
 
 
 class _LocalSource(Source):
