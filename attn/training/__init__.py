@@ -19,7 +19,8 @@ from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate,
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table, write_json
 from attn.training.summarization import SummarizationTask
-from attn.training.task import Search, Task, TranslationTask, get_task
+from attn.decoding import Search
+from attn.training.task import Task, TranslationTask, get_task
 
 __all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
            "TrainConfig", "TranslationTask",
