@@ -58,8 +58,9 @@ class AttnTask(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version(_VERSION)
 
   def _info(self):
-    return self.dataset_info_from_configs(features=_text_features(True), disable_shuffling=True,
-                                          description="attn built-in task (attn/data/builtin_tasks.py)")
+    return self.dataset_info_from_configs(
+        features=_text_features(True), disable_shuffling=True,
+        description="attn built-in task (attn/data/builtin_tasks.py)")
 
   def _split_generators(self, dl_manager):
     del dl_manager

@@ -1,8 +1,8 @@
 """Built-in tasks generated from a seed, each example with its gold alignment.
 
 An `Example` is source text, target text and `align`, an [K, 2] int32 array of (target token,
-source token) index pairs under the task's tokenizers (`BuiltinTask.src_tokenizer`/`tgt_tokenizer`):
-target token t "comes from" the source tokens s of its pairs. EOS->EOS is added by the pipeline; a
+source token) index pairs under the task's tokenizers (`BuiltinTask.src_tokenizer` and
+`tgt_tokenizer`): target token t "comes from" the source tokens s of its pairs. EOS->EOS is added by the pipeline; a
 target token with no pair (the "-" of an ISO date) has an all-zero alignment row.
 
 Tasks (`BUILTIN_TASKS`, chosen by `data.task`; not to be confused with attn.training's `TASKS`,
@@ -47,7 +47,8 @@ from attn.registry import Registry
 
 _ROLE_ID = {r: i for i, r in enumerate(ROLES)}
 _MAX_TRIES = 10_000
-# Bump when generation changes, so cached copies (keyed by BuiltinTask.fingerprint) are written again.
+# Bump when generation changes, so cached copies (keyed by BuiltinTask.fingerprint) are written
+# again.
 GENERATOR_VERSION = 1
 
 
@@ -73,7 +74,8 @@ def _pairs(rows: list[list[int]]) -> np.ndarray:
 
 
 class BuiltinTask(abc.ABC):
-  """A built-in task generating examples from a seed. Subclasses define `sample(rng, role) -> Example | None` (None = reject, draw again)."""
+  """A built-in task generating examples from a seed. Subclasses define `sample(rng, role) ->
+  Example | None` (None = reject, draw again)."""
   name = ""
   src_tokenizer = "space"
   tgt_tokenizer = "space"

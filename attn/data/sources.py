@@ -223,7 +223,7 @@ class _ItemwiseSource:
 
 
 def _batch_readable(ds):
-  if not hasattr(ds, "__getitems__"):  # a plain sequence: read item by item (pipeline._records)
+  if not hasattr(ds, "__getitems__"):  # a plain sequence: read item by item (splits.records)
     return ds
   try:
     ds.__getitems__([0])

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from attn.common.files import write_json
 from attn.data.base import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, DataError
 
 JOINER = "\uffed"  # "￭", OpenNMT Tokenizer's joiner
@@ -233,10 +234,7 @@ class Vocab:
   def save(self, path: str) -> None:
     """Writes the vocabulary as JSON (atomically: a killed run never leaves half a file)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(self.to_json(), f, ensure_ascii=False, indent=0)
-    os.replace(tmp, path)
+    write_json(path, self.to_json(), ensure_ascii=False, indent=0)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(size={self.size}, tokenizer={self.spec.kind!r}, lowercase={self.spec.lowercase})"
