@@ -23,8 +23,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attn.data import builtin_tasks, corpora
-from attn.data.base import DataError
+from attn.data import builtin_tasks
+from attn.data.base import SOURCES, DataError
 from attn.data.config import DataConfig
 
 _VERSION = "1.0.0"
@@ -77,9 +77,10 @@ class AttnTask(tfds.core.GeneratorBasedBuilder):
 
 
 class AttnText(tfds.core.GeneratorBasedBuilder):
-  """Local parallel text or JSON lines. params: kind ("parallel_text" | "jsonl"), the files of each
-  split (with size and mtime), and for jsonl source_field, target_field, reference_fields and
-  reference_splits (the splits whose records must have the reference fields)."""
+  """Local parallel text or JSON lines. params: kind (the data source, "parallel_text" or "jsonl",
+  whose `read_files` reads the files back), the files of each split (with size and mtime), and for
+  jsonl source_field, target_field, reference_fields and reference_splits (the splits whose
+  records must have the reference fields)."""
   VERSION = tfds.core.Version(_VERSION)
 
   def _params(self) -> dict:
@@ -98,14 +99,8 @@ class AttnText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, split, files):
     p = self._params()
-    paths = [f["path"] for f in files]
     ref_fields = tuple(p.get("reference_fields", ()))
-    if p["kind"] == "parallel_text":
-      records = ((s, t, ()) for s, t in corpora.read_parallel(*paths))
-    else:
-      # Training files often lack the annotations: only the eval/test splits are read for them.
-      read_refs = ref_fields if split in p["reference_splits"] else ()
-      records = corpora.read_jsonl(paths[0], p["source_field"], p["target_field"], read_refs)
+    records = SOURCES.get(p["kind"]).read_files(split, [f["path"] for f in files], p)
     for i, (src, tgt, refs) in enumerate(records):
       example = {"id": i, "src": src, "tgt": tgt}
       if ref_fields:
