@@ -507,6 +507,16 @@ def test_every_builtin_task_is_a_data_source_and_unknown_names_list_the_known():
     tfds_sources.fields_for("c4/en", "", "", "", "")
   assert tfds_sources.fields_for("xsum:1.1.0", "", "", "", "") == ("document", "summary")
 
+
+def test_tokenizers_are_registered_and_only_sentencepiece_is_learned():
+  assert data.TOKENIZERS.names() == ["char", "sentencepiece", "space", "word"]
+  assert [TokenizerSpec(n).learned for n in data.TOKENIZERS.names()] == [False, True, False, False]
+  with pytest.raises(data.DataError, match=r"unknown tokenizer 'bpe'; known: char, sentencepiece, "
+                     r"space, word$"):
+    TokenizerSpec("bpe")
+  with pytest.raises(data.DataError, match="use SentencePieceVocab for sentencepiece"):
+    data.Vocab(["a"], TokenizerSpec("sentencepiece"))
+
 def test_missing_data_dir_and_missing_jsonl_split(tmp_path):
   with pytest.raises(data.DataError, match=r"data directory '.*nowhere' does not exist \(set data\.dir"):
     data.load(text_config(tmp_path, tmp_path / "nowhere"))

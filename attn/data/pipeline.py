@@ -241,7 +241,7 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
   else:
     pairs = scan(source.data_source("train"), source.read)
     kw = dict(min_freq=min_freq, max_size=max_size)
-    if src_spec.kind == "sentencepiece":  # the trainer wants the sentences
+    if src_spec.learned:  # the trainer wants the sentences
       texts = list(pairs)
       sides = [[t for pair in texts for t in pair]] if shared else [[s for s, _ in texts],
                                                                     [t for _, t in texts]]
