@@ -84,15 +84,20 @@ def _check_qkv(q, k, v):
     raise ValueError(f"q and k need at least [T, d], got q {q.shape}, k {k.shape}")
 
 
+def _quoted(kind):
+  """The variants of `kind` fused attention stands in for, as "'a'" or "'a' or 'b'"."""
+  return " or ".join(repr(n) for n in registry.fusable(kind))
+
+
 def fused_unsupported(score, normalizer="softmax", scope="global", mask=None) -> str | None:
   """Why attend(fused=True) cannot run this variant (None when it can): the kernels fuse
   score -> softmax -> weighted sum over all keys, with padding given as lengths."""
   fused_scores = registry.with_fused("score")
-  if get(score, "score").fused is None or normalizer != "softmax" or scope != "global" or (
-      mask is not None):
-    return (f"fused attention supports scores {', '.join(fused_scores)} with normalizer='softmax', "
-            f"scope='global' and padding as key_lengths (no mask); got score={score!r}, "
-            f"normalizer={normalizer!r}, scope={scope!r}"
+  if (get(score, "score").fused is None or not get(normalizer, "normalizer").fusable
+      or not get(scope, "scope").fusable or mask is not None):
+    return (f"fused attention supports scores {', '.join(fused_scores)} with normalizer="
+            f"{_quoted('normalizer')}, scope={_quoted('scope')} and padding as key_lengths (no "
+            f"mask); got score={score!r}, normalizer={normalizer!r}, scope={scope!r}"
             + (", a mask" if mask is not None else ""))
   return None
 
@@ -174,9 +179,10 @@ def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, sc
   scope_variant = get(scope, "scope")
   if scope_variant.full_attention:
     # Its feature map replaces the score and the softmax; refuse choices it would silently drop.
-    if normalizer != "softmax" or get(score, "score").init is not None:
+    if not get(normalizer, "normalizer").fusable or get(score, "score").init is not None:
       raise ValueError(f"scope {scope!r} has its own similarity (feature map): use a "
-                       f"parameter-free score and normalizer='softmax', got {score!r}/{normalizer!r}")
+                       f"parameter-free score and normalizer={_quoted('normalizer')}, got "
+                       f"{score!r}/{normalizer!r}")
     return (*scope_variant.fn(q, k, v, mask, causal=causal), None)
   kp = k if keys_prepared else prepare_keys(score, params, k)
   e = get(score, "score").fn(params, q, kp)  # [..., Tq, Tk]

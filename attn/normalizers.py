@@ -28,7 +28,7 @@ def _row_max(z, mask):
   return jax.lax.stop_gradient(jnp.max(jnp.where(mask, z, _neg(z)), axis=-1, keepdims=True))
 
 
-@register("normalizer", "softmax")
+@register("normalizer", "softmax", fusable=True)
 def softmax(z, mask):
   """Softmax over valid keys; exact zeros elsewhere."""
   ex = jnp.where(mask, jnp.exp(jnp.where(mask, z, _neg(z)) - _row_max(z, mask)), 0.0)  # [..., Tq, Tk]

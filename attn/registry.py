@@ -121,6 +121,9 @@ class Variant:
   positional: for scores, True when e_ij depends on where key j sits, not only on the query and
     key vectors (Luong's location score reads column j of W_a): such a score cannot score a
     re-indexed slice of the keys (attn.banded).
+  fusable: for normalizers and scopes, True when a computation that forms no weights loses
+    nothing by not running this stage: the fused kernels (an online softmax over every key) and
+    a full-attention scope's feature map stand in for the softmax normalizer and the global scope.
   """
   kind: str
   name: str
@@ -133,6 +136,7 @@ class Variant:
   fused: Callable[..., Any] | None = None
   cost: Callable[..., Any] | None = None
   positional: bool = False
+  fusable: bool = False
 
 
 VARIANTS: dict[str, Registry[Variant]] = {kind: Registry(kind) for kind in KINDS}
@@ -145,7 +149,7 @@ def _kind(kind: str) -> Registry[Variant]:
 
 
 def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
-             fused=None, cost=None, positional=False):
+             fused=None, cost=None, positional=False, fusable=False):
   """Decorator registering the variant `fn` under `kind`/`name` (and aliases)."""
   reg = _kind(kind)
 
@@ -157,7 +161,7 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
     for n in (name, *aliases):
       reg.add(n, Variant(kind, n, fn, init, doc, full_attention,
                          alias_of=None if n == name else name, prepare=prepare, fused=fused,
-                         cost=cost, positional=positional))
+                         cost=cost, positional=positional, fusable=fusable))
     return fn
 
   return decorator
@@ -189,3 +193,8 @@ def canonical_names(kind: str) -> list[str]:
 def with_fused(kind: str = "score") -> list[str]:
   """Canonical names of the variants of `kind` that carry a fused-kernel implementation."""
   return [n for n in canonical_names(kind) if VARIANTS[kind].get(n).fused is not None]
+
+
+def fusable(kind: str) -> list[str]:
+  """Canonical names of the normalizers or scopes (`kind`) that fused attention stands in for."""
+  return [n for n in canonical_names(kind) if VARIANTS[kind].get(n).fusable]

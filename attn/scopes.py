@@ -31,7 +31,7 @@ def _need(scope, option, value):
   return value
 
 
-@register("scope", "global")
+@register("scope", "global", fusable=True)
 def global_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
   """Global attention: every (unmasked) source position."""
   return mask, None

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from attn import data
-from attn.data import bucketing, corpora, numwords, tasks
+from attn.data import bucketing, builtin_tasks, corpora, numwords
 from attn.data.config import DataConfig
 from attn.data.tokenize import (JOINER, TokenizerSpec, Vocab, build_vocab, load_vocab,
                                 normalize_whitespace, word_detokenize, word_tokenize)
@@ -187,13 +187,13 @@ def test_reverse_batches_have_antidiagonal_alignment(tmp_path):
 
 
 def test_copy_alignment_is_identity_and_tasks_are_deterministic():
-  t = tasks.get_task(DataConfig(task="copy", seed=3))
+  t = builtin_tasks.builtin_task(DataConfig(task="copy", seed=3))
   ex = t.example("train", 0)
   n = len(ex.src.split())
   np.testing.assert_array_equal(ex.align, np.stack([np.arange(n), np.arange(n)], 1))
   assert ex.src == ex.tgt
-  again = tasks.get_task(DataConfig(task="copy", seed=3)).example("train", 0)
-  other = tasks.get_task(DataConfig(task="copy", seed=4)).example("train", 0)
+  again = builtin_tasks.builtin_task(DataConfig(task="copy", seed=3)).example("train", 0)
+  other = builtin_tasks.builtin_task(DataConfig(task="copy", seed=4)).example("train", 0)
   assert again.src == ex.src and other.src != ex.src
 
 
@@ -209,7 +209,7 @@ def _date_pattern(task, locale, pattern):
 
 
 def test_dates_hand_written_alignments():
-  task = tasks.get_task(DataConfig(task="dates"))
+  task = builtin_tasks.builtin_task(DataConfig(task="dates"))
   d = datetime.date(2009, 6, 25)
   ex = task.example_for(d, _date_pattern(task, "fr_FR", "EEEE d MMMM y"))
   assert (ex.src, ex.tgt) == ("jeudi 25 juin 2009", "2009-06-25")
@@ -231,7 +231,7 @@ def test_dates_hand_written_alignments():
 
 
 def test_dates_never_ambiguous_and_month_names_unambiguous():
-  task = tasks.get_task(DataConfig(task="dates"))
+  task = builtin_tasks.builtin_task(DataConfig(task="dates"))
   # en_US reads "10/11/2009" as October 11, en_GB/fr as 10 November: such strings are never made
   assert task.readings("10/11/2009") == {datetime.date(2009, 10, 11), datetime.date(2009, 11, 10)}
   numeric = 0
@@ -241,7 +241,7 @@ def test_dates_never_ambiguous_and_month_names_unambiguous():
     readings = task.readings(ex.src)
     assert readings <= {date}, ex.src
     numeric += bool(readings)
-    assert tasks.role_of_key(ex.key) == "train"
+    assert builtin_tasks.role_of_key(ex.key) == "train"
   assert numeric > 500  # numeric formats are common, and each reads back as its own date
   # across the default locales a month name never names two months
   months = {}
@@ -488,6 +488,35 @@ def test_missing_files_and_bad_config(tmp_path):
     data.get_config("multi30")
 
 
+
+def test_every_builtin_task_is_a_data_source_and_unknown_names_list_the_known():
+  from attn.data import tfds_sources  # pylint: disable=import-outside-toplevel
+
+  assert builtin_tasks.BUILTIN_TASKS.names() == ["copy", "dates", "numbers", "reverse"]
+  assert set(data.SOURCES.names()) == {*builtin_tasks.BUILTIN_TASKS.names(), "jsonl",
+                                       "parallel_text", "tfds"}
+  assert data.SOURCES.get("reverse").name == "reverse"
+  with pytest.raises(data.DataError, match=r"unknown built-in task 'cpoy'; known: copy, dates, "
+                     r"numbers, reverse$"):
+    builtin_tasks.builtin_task(DataConfig(task="cpoy"))
+  with pytest.raises(ValueError, match="already registered"):
+    builtin_tasks.register_builtin_task("copy")(type("Again", (), {}))
+  assert builtin_tasks.BUILTIN_TASKS.get("copy") is builtin_tasks.CopyTask
+  with pytest.raises(data.DataError, match=r"TFDS dataset 'c4/en' is not one of aeslc, .*xsum: "
+                     "set data.source_field"):
+    tfds_sources.fields_for("c4/en", "", "", "", "")
+  assert tfds_sources.fields_for("xsum:1.1.0", "", "", "", "") == ("document", "summary")
+
+
+def test_tokenizers_are_registered_and_only_sentencepiece_is_learned():
+  assert data.TOKENIZERS.names() == ["char", "sentencepiece", "space", "word"]
+  assert [TokenizerSpec(n).learned for n in data.TOKENIZERS.names()] == [False, True, False, False]
+  with pytest.raises(data.DataError, match=r"unknown tokenizer 'bpe'; known: char, sentencepiece, "
+                     r"space, word$"):
+    TokenizerSpec("bpe")
+  with pytest.raises(data.DataError, match="use SentencePieceVocab for sentencepiece"):
+    data.Vocab(["a"], TokenizerSpec("sentencepiece"))
+
 def test_missing_data_dir_and_missing_jsonl_split(tmp_path):
   with pytest.raises(data.DataError, match=r"data directory '.*nowhere' does not exist \(set data\.dir"):
     data.load(text_config(tmp_path, tmp_path / "nowhere"))
@@ -605,7 +634,7 @@ def test_named_tfds_datasets_with_mock_data(tmp_path, preset, fields):
   cfg = small(preset, tmp_path, min_freq=1, batch_size=4, tfds_data_dir=str(tmp_path / "tfds"))
   with tfds.testing.mock_data(num_examples=12):
     bundle = data.load(cfg)
-    tfds_sources.register(cfg.tfds_name)
+    tfds_sources.import_builder(cfg.tfds_name)
     raw = tfds.data_source(cfg.tfds_name, split="test", data_dir=cfg.tfds_data_dir)
     expected = [normalize_whitespace(_str(raw[i][fields[0]])) for i in range(3)]
     refs = [_str(raw[i][fields[1]]) for i in range(12)]

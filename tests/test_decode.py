@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn.decoding import search as decode
+from attn import decoding as decode
 from attn.data.tokens import BOS, EOS, PAD
 
 V, TS = 5, 3                 # vocabulary (PAD, BOS, EOS, 3, 4), source length of the toy weights
@@ -327,3 +327,11 @@ def test_early_exit_never_changes_the_result(K, alpha):
                                  err_msg=f"{name}, seed {seed}")
     early_exits += int(np.asarray(a.nbest.lengths).max() < T)
   assert early_exits > seeds // 4  # the comparison is about runs that did exit early
+
+
+def test_one_length_penalty_default_for_search_training_and_beam_search():
+  import inspect  # pylint: disable=import-outside-toplevel
+  from attn.training import TrainConfig  # pylint: disable=import-outside-toplevel
+  default = inspect.signature(decode.beam_search).parameters["length_penalty"].default
+  assert default == decode.Search().length_penalty == TrainConfig().length_penalty == 0.6
+  assert TrainConfig().search() == decode.Search()

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn.decoding import search
+from attn import decoding as search
 from attn.data.tokens import BOS, EOS, PAD
 
 V, TS = 5, 3                 # vocabulary (PAD, BOS, EOS, 3, 4), source length

@@ -76,3 +76,19 @@ def test_the_package_root_registers_only_the_primitives_kinds():
   from attn.models import registries  # pylint: disable=import-outside-toplevel
   assert registries.ARCHS.canonical_names() == ["rnn", "transformer"]
   assert registries.DECODERS.canonical_names() == ["bahdanau", "luong", "none"]
+
+
+def test_fused_attention_reads_the_entries_flags_not_their_names():
+  from attn import core, normalizers  # pylint: disable=import-outside-toplevel
+  assert registry.fusable("normalizer") == ["softmax"] and registry.fusable("scope") == ["global"]
+  assert core.fused_unsupported("dot", "softmax", "global") is None
+  registry.register("normalizer", "softmax_for_test", fusable=True)(normalizers.softmax)
+  registry.register("normalizer", "plain_for_test")(normalizers.softmax)
+  try:
+    assert core.fused_unsupported("dot", "softmax_for_test", "global") is None
+    why = core.fused_unsupported("dot", "plain_for_test", "global")
+    assert "normalizer='softmax' or 'softmax_for_test'" in why and "'plain_for_test'" in why
+    assert "scope='global'" in core.fused_unsupported("dot", "softmax", "window")
+  finally:
+    attn.VARIANTS["normalizer"].remove("softmax_for_test")
+    attn.VARIANTS["normalizer"].remove("plain_for_test")

@@ -11,7 +11,7 @@ import pytest
 
 import attn
 from attn import training
-from attn.decoding import search as decode
+from attn import decoding as decode
 from attn.models import build_model
 from experiments.configs import translate as translate_config
 

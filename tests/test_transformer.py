@@ -11,7 +11,7 @@ from flax import nnx
 
 import attn
 from attn.config import configurable
-from attn.decoding import search as decode_lib
+from attn import decoding as decode_lib
 from attn.errors import ConfigError
 from attn.models import (ModelConfig, build_model, count_params, positions, sequence_loss,
                          transformer)

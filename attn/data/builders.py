@@ -7,7 +7,7 @@ order they were generated or read in (`disable_shuffling`): record i of a split 
 its files, and its `id` field is i.
 
 Features: `id` int64, `src` and `tgt` text; built-in tasks add `align`, [K, 2] int32 (target
-token, source token) pairs (see tasks.py); JSON lines with `data.reference_fields` add `refs`, one
+token, source token) pairs (see builtin_tasks.py); JSON lines with `data.reference_fields` add `refs`, one
 text per reference field, read in the splits of `reference_splits` (eval/test) and empty elsewhere.
 
 This module imports tensorflow_datasets at import time: import it lazily (sources.py does).
@@ -23,8 +23,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attn.data import corpora, tasks
-from attn.data.base import DataError
+from attn.data import builtin_tasks
+from attn.data.base import SOURCES, DataError
 from attn.data.config import DataConfig
 
 _VERSION = "1.0.0"
@@ -54,12 +54,13 @@ def _text_features(with_align: bool, with_refs: bool = False):
 
 class AttnTask(tfds.core.GeneratorBasedBuilder):
   """A built-in task's train/eval/test splits, generated from the seed. params: the DataConfig
-  fields of tasks.Task.fingerprint plus the split sizes."""
+  fields of builtin_tasks.BuiltinTask.fingerprint plus the split sizes."""
   VERSION = tfds.core.Version(_VERSION)
 
   def _info(self):
-    return self.dataset_info_from_configs(features=_text_features(True), disable_shuffling=True,
-                                          description="attn built-in task (attn/data/tasks.py)")
+    return self.dataset_info_from_configs(
+        features=_text_features(True), disable_shuffling=True,
+        description="attn built-in task (attn/data/builtin_tasks.py)")
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -70,15 +71,16 @@ class AttnTask(tfds.core.GeneratorBasedBuilder):
     p = json.loads(self.builder_config.params)
     settings = {k: tuple(v) if isinstance(v, list) else v for k, v in p["config"].items()
                 if k != "version"}
-    task = tasks.get_task(DataConfig(**settings))
+    task = builtin_tasks.builtin_task(DataConfig(**settings))
     for i, ex in enumerate(task.generate(role, size)):
       yield i, {"id": i, "src": ex.src, "tgt": ex.tgt, "align": ex.align}
 
 
 class AttnText(tfds.core.GeneratorBasedBuilder):
-  """Local parallel text or JSON lines. params: kind ("parallel_text" | "jsonl"), the files of each
-  split (with size and mtime), and for jsonl source_field, target_field, reference_fields and
-  reference_splits (the splits whose records must have the reference fields)."""
+  """Local parallel text or JSON lines. params: kind (the data source, "parallel_text" or "jsonl",
+  whose `read_files` reads the files back), the files of each split (with size and mtime), and for
+  jsonl source_field, target_field, reference_fields and reference_splits (the splits whose
+  records must have the reference fields)."""
   VERSION = tfds.core.Version(_VERSION)
 
   def _params(self) -> dict:
@@ -97,14 +99,8 @@ class AttnText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, split, files):
     p = self._params()
-    paths = [f["path"] for f in files]
     ref_fields = tuple(p.get("reference_fields", ()))
-    if p["kind"] == "parallel_text":
-      records = ((s, t, ()) for s, t in corpora.read_parallel(*paths))
-    else:
-      # Training files often lack the annotations: only the eval/test splits are read for them.
-      read_refs = ref_fields if split in p["reference_splits"] else ()
-      records = corpora.read_jsonl(paths[0], p["source_field"], p["target_field"], read_refs)
+    records = SOURCES.get(p["kind"]).read_files(split, [f["path"] for f in files], p)
     for i, (src, tgt, refs) in enumerate(records):
       example = {"id": i, "src": src, "tgt": tgt}
       if ref_fields:

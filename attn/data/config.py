@@ -191,9 +191,9 @@ class DataConfig:
       if not ok:
         raise DataError(f"data config: {msg}")
 
-    from attn.data.tokenize import TOKENIZER_NAMES  # pylint: disable=import-outside-toplevel
-    check(self.tokenizer in TOKENIZER_NAMES,
-          f"tokenizer={self.tokenizer!r}; known: {', '.join(TOKENIZER_NAMES)}")
+    from attn.data.tokenize import TOKENIZERS  # pylint: disable=import-outside-toplevel
+    check(self.tokenizer in TOKENIZERS,
+          f"tokenizer={self.tokenizer!r}; known: {', '.join(TOKENIZERS.names())}")
     check(self.too_long in ("drop", "truncate", "error"),
           f"too_long={self.too_long!r}; use drop, truncate or error")
     check(self.empty in ("drop", "error"), f"empty={self.empty!r}; use drop or error")

@@ -1,5 +1,5 @@
 """Cardinal numbers 0..999,999,999 written as words in English, French and German, with gold
-word -> digit alignments. Used by the built-in `numbers` task (tasks.py).
+word -> digit alignments. Used by the built-in `numbers` task (builtin_tasks.py).
 
 Words are space-separated tokens: hyphens become spaces ("forty two", "quatre vingt dix sept") and
 German compounds are split into their morphemes ("sieben und neunzig tausend"), so every token is

@@ -27,14 +27,14 @@ dropped; over-long ones truncated), in bucket order; put outputs back in corpus 
 `example_id` and score them against `bundle.references(role)`, or with several references per
 example (data.reference_fields) against `bundle.reference_sets(role)`.
 
-Bad input: `DataError` (see base.py) before any batch is made.
+Bad input: `DataError` (see base.py) before any batch is made. Reading a split and its policies
+are in splits.py, making a batch in collate.py.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import os
 import sys
@@ -45,116 +45,13 @@ from typing import Iterator
 import numpy as np
 
 from attn.data import bucketing
-from attn.data.base import EOS, PAD, UNK, DataError, get_source
+from attn.data.base import SOURCES, DataError
+from attn.data.collate import Collate
 from attn.data.config import DataConfig
+from attn.data.splits import SplitData, apply_policies, scan, token_counts
 from attn.data.tokenize import Vocab, build_vocab, load_vocab, vocab_from_counts
 
 log = logging.getLogger(__name__)
-
-_CHUNK = 1024  # records read per call when scanning a split
-
-
-def _records(ds, indices) -> list:
-  indices = [int(i) for i in indices]
-  if hasattr(ds, "__getitems__"):
-    return list(ds.__getitems__(indices))
-  return [ds[i] for i in indices]
-
-
-def _scan(ds, read) -> Iterator[tuple[str, str]]:
-  """(src, tgt) text of every record in order, read in chunks."""
-  n = len(ds)
-  for start in range(0, n, _CHUNK):
-    for rec in _records(ds, range(start, min(n, start + _CHUNK))):
-      yield read(rec)
-
-
-@dataclasses.dataclass
-class SplitData:
-  """One split after the policies. Arrays are [N] over the kept examples, in record order.
-
-  record: index of the example in the split's data source (= example_id).
-  src_len, tgt_len: widths incl. EOS, after truncation.  bucket: index into DataBundle.shapes.
-  counts: read, kept, dropped_empty, dropped_long, truncated.
-  """
-  role: str
-  name: str
-  description: str
-  source: object
-  record: np.ndarray
-  src_len: np.ndarray
-  tgt_len: np.ndarray
-  bucket: np.ndarray
-  counts: dict
-
-  def __len__(self) -> int:
-    return int(self.record.size)
-
-
-class _Collate:
-  """grain map: (bucket, rows) -> batch dict (see module docstring)."""
-
-  def __init__(self, split: SplitData, src_vocab: Vocab, tgt_vocab: Vocab, shapes, read,
-               read_alignment=None, extended: bool = False):
-    self.split, self.src_vocab, self.tgt_vocab = split, src_vocab, tgt_vocab
-    self.shapes, self.read, self.read_alignment = shapes, read, read_alignment
-    self.extended = extended  # needs src_vocab is tgt_vocab (DataConfig.validate)
-
-  def __call__(self, item) -> dict[str, np.ndarray]:
-    k, rows = item
-    ts, tt = self.shapes[k]
-    b = rows.size
-    sp = self.split
-    batch = {
-        "src": np.full((b, ts), PAD, np.int32),
-        "src_lengths": np.zeros((b,), np.int32),
-        "tgt": np.full((b, tt), PAD, np.int32),
-        "tgt_lengths": np.zeros((b,), np.int32),
-        "example_id": np.full((b,), -1, np.int32),
-    }
-    if self.read_alignment is not None:
-      batch["alignments"] = np.zeros((b, tt, ts), np.float32)
-    if self.extended:
-      batch["src_ext"] = np.full((b, ts), PAD, np.int32)
-      batch["tgt_ext"] = np.full((b, tt), PAD, np.int32)
-    valid = np.flatnonzero(rows >= 0)
-    recs = _records(sp.source, sp.record[rows[valid]])
-    for r, rec in zip(valid, recs):
-      row = rows[r]
-      sl, tl = int(sp.src_len[row]), int(sp.tgt_len[row])
-      src_text, tgt_text = self.read(rec)
-      if self.extended:
-        v = self.src_vocab
-        oovs = v.source_oovs(src_text, sl - 1)
-        src_ext = np.asarray(v.encode_extended(src_text, oovs)[:sl - 1], np.int32)
-        tgt_ext = np.asarray(v.encode_extended(tgt_text, oovs)[:tl - 1], np.int32)
-        batch["src_ext"][r, :src_ext.size] = src_ext
-        batch["src_ext"][r, sl - 1] = EOS
-        batch["tgt_ext"][r, :tgt_ext.size] = tgt_ext
-        batch["tgt_ext"][r, tl - 1] = EOS
-        # the plain ids are the extended ones with every OOV back to UNK (one tokenization less)
-        src_ids = np.where(src_ext >= v.size, UNK, src_ext)
-        tgt_ids = np.where(tgt_ext >= v.size, UNK, tgt_ext)
-      else:
-        src_ids = self.src_vocab.encode(src_text)[:sl - 1]
-        tgt_ids = self.tgt_vocab.encode(tgt_text)[:tl - 1]
-      if len(src_ids) != sl - 1 or len(tgt_ids) != tl - 1:
-        raise DataError(f"{sp.description}: record {sp.record[row]} no longer has the length "
-                        "measured at load time (stale lengths cache? delete <workdir>/data_lengths)")
-      batch["src"][r, :sl - 1] = src_ids
-      batch["src"][r, sl - 1] = EOS
-      batch["tgt"][r, :tl - 1] = tgt_ids
-      batch["tgt"][r, tl - 1] = EOS
-      batch["src_lengths"][r], batch["tgt_lengths"][r] = sl, tl
-      batch["example_id"][r] = sp.record[row]
-      if self.read_alignment is not None:
-        a = batch["alignments"][r]  # [Tt, Ts] view
-        pairs = self.read_alignment(rec)
-        keep = (pairs[:, 0] < tl - 1) & (pairs[:, 1] < sl - 1)
-        a[pairs[keep, 0], pairs[keep, 1]] = 1.0
-        a[tl - 1, sl - 1] = 1.0  # EOS -> EOS
-        a /= np.maximum(a.sum(1, keepdims=True), 1.0)
-    return batch
 
 
 class _TrainPlan:
@@ -210,9 +107,9 @@ class DataBundle:
   def steps_per_epoch(self) -> int:
     return self._plan.per_epoch
 
-  def _collate(self, role: str) -> _Collate:
+  def _collate(self, role: str) -> Collate:
     src = self._source
-    return _Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
+    return Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
                     src.read_alignment if self.has_alignments else None,
                     extended=self.config.extended_vocab)
 
@@ -271,7 +168,7 @@ class DataBundle:
 
   def references(self, role: str = "test") -> list[str]:
     """Target text of every record of the split, indexed by example_id (raw text, not tokenized)."""
-    return [t for _, t in _scan(self.splits[role].source, self._source.read)]
+    return [t for _, t in scan(self.splits[role].source, self._source.read)]
 
   def reference_sets(self, role: str = "test") -> list[list[str]]:
     """Every reference of every record of the split, indexed by example_id: [target text] + the
@@ -279,7 +176,7 @@ class DataBundle:
     their reference fields are not read."""
     src = self._source
     return [[t, *(r for r in refs if r.strip())] for t, refs in
-            _scan(self.splits[role].source, lambda rec: (src.read(rec)[1],
+            scan(self.splits[role].source, lambda rec: (src.read(rec)[1],
                                                          src.read_references(role, rec)))]
 
   def source_oovs(self, role: str = "test") -> list[list[str]]:
@@ -293,7 +190,7 @@ class DataBundle:
 
   def sources(self, role: str = "test") -> list[str]:
     """Source text of every record of the split, indexed by example_id."""
-    return [s for s, _ in _scan(self.splits[role].source, self._source.read)]
+    return [s for s, _ in scan(self.splits[role].source, self._source.read)]
 
   def padding_fraction(self, role: str = "train") -> float:
     """Padding share of source + target slots over one epoch (train) or the one pass (eval/test)."""
@@ -342,9 +239,9 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
                         "use a fresh workdir or delete the vocabulary")
     log.info("data: reusing vocabularies %s", ", ".join(paths))
   else:
-    pairs = _scan(source.data_source("train"), source.read)
+    pairs = scan(source.data_source("train"), source.read)
     kw = dict(min_freq=min_freq, max_size=max_size)
-    if src_spec.kind == "sentencepiece":  # the trainer wants the sentences
+    if src_spec.learned:  # the trainer wants the sentences
       texts = list(pairs)
       sides = [[t for pair in texts for t in pair]] if shared else [[s for s, _ in texts],
                                                                     [t for _, t in texts]]
@@ -361,72 +258,6 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
   return (vocabs[0], vocabs[0]) if shared else (vocabs[0], vocabs[1])
 
 
-def _token_counts(source, role: str, src_vocab: Vocab, tgt_vocab: Vocab,
-                  workdir: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Per record: source tokens, target tokens (no EOS), and whether a side is empty. Cached in
-  <workdir>/data_lengths keyed by the records and vocabularies."""
-  key = hashlib.sha1("|".join([source.fingerprint(), role, src_vocab.fingerprint(),
-                               tgt_vocab.fingerprint()]).encode()).hexdigest()[:16]
-  path = os.path.join(workdir, "data_lengths", f"{role}-{key}.npz") if workdir else None
-  if path and os.path.exists(path):
-    with np.load(path) as z:
-      return z["src"], z["tgt"], z["empty"]
-  src_n, tgt_n, empty = [], [], []
-  for s, t in _scan(source.data_source(role), source.read):
-    src_n.append(len(src_vocab.encode(s)))
-    tgt_n.append(len(tgt_vocab.encode(t)))
-    empty.append(not s.strip() or not t.strip())
-  out = (np.asarray(src_n, np.int32), np.asarray(tgt_n, np.int32), np.asarray(empty, bool))
-  if path:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}.npz"
-    np.savez(tmp, src=out[0], tgt=out[1], empty=out[2])
-    os.replace(tmp, path)
-  return out
-
-
-def _apply_policies(cfg: DataConfig, source, role: str, src_n, tgt_n, empty, caps) -> SplitData:
-  """Drop/truncate/raise per config (training) or keep-and-truncate (eval/test); log the counts."""
-  src_cap, tgt_cap = caps
-  desc = source.describe(role)
-  src_len, tgt_len = src_n + 1, tgt_n + 1  # EOS
-  too_long = (src_len > src_cap) | (tgt_len > tgt_cap)
-  keep = np.ones(src_n.shape, bool)
-  counts = dict(read=int(src_n.size), dropped_empty=0, dropped_long=0, truncated=0)
-  if role == "train":
-    if empty.any():
-      if cfg.empty == "error":
-        i = int(np.flatnonzero(empty)[0])
-        raise DataError(f"{desc}: pair {i} (line {i + 1}) has an empty side ({int(empty.sum())} such "
-                        "pairs); set data.empty=drop to skip them")
-      keep &= ~empty
-      counts["dropped_empty"] = int(empty.sum())
-    long_kept = too_long & keep
-    if long_kept.any():
-      if cfg.too_long == "error":
-        i = int(np.flatnonzero(long_kept)[0])
-        raise DataError(f"{desc}: pair {i} (line {i + 1}) is {src_len[i]}/{tgt_len[i]} tokens with EOS, over "
-                        f"max_src_len={src_cap}/max_tgt_len={tgt_cap} ({int(long_kept.sum())} such "
-                        "pairs); set data.too_long=drop or truncate")
-      if cfg.too_long == "drop":
-        keep &= ~too_long
-        counts["dropped_long"] = int(long_kept.sum())
-      else:
-        counts["truncated"] = int(long_kept.sum())
-  else:
-    counts["truncated"] = int(too_long.sum())
-  counts["kept"] = int(keep.sum())
-  name = source.splits()[role]
-  log.debug("data %s (%s): %d pairs, kept %d, dropped %d empty and %d too long, truncated %d",
-               role, desc, counts["read"], counts["kept"], counts["dropped_empty"],
-               counts["dropped_long"], counts["truncated"])
-  record = np.flatnonzero(keep).astype(np.int64)
-  return SplitData(role, name, desc, source.data_source(role), record,
-                   np.minimum(src_len[keep], src_cap).astype(np.int32),
-                   np.minimum(tgt_len[keep], tgt_cap).astype(np.int32),
-                   np.zeros(record.size, np.int32), counts)
-
-
 def load(data_config, workdir: str | None = None) -> DataBundle:
   """Prepares the data of `data_config` (a data ConfigDict, dict or DataConfig).
 
@@ -436,7 +267,7 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
   Raises DataError for bad input or config.
   """
   cfg = DataConfig.from_config(data_config)
-  source = get_source(cfg.task)(cfg)
+  source = SOURCES.get(cfg.task)(cfg)
   if cfg.reference_fields and not source.reads_references:
     raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
                     "has no reference fields (only jsonl and tfds records do)")
@@ -454,8 +285,8 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
     caps = (min(caps[0], max(s for s, _ in explicit)), min(caps[1], max(t for _, t in explicit)))
   splits = {}
   for role in roles:
-    counts = _token_counts(source, role, src_vocab, tgt_vocab, workdir)
-    splits[role] = _apply_policies(cfg, source, role, *counts, caps)
+    counts = token_counts(source, role, src_vocab, tgt_vocab, workdir)
+    splits[role] = apply_policies(cfg, source, role, *counts, caps)
   if not len(splits["train"]):
     c = splits["train"].counts
     raise DataError(

@@ -15,10 +15,11 @@ import abc
 import json
 import os
 import re
+from typing import Iterator
 
 import numpy as np
 
-from attn.data import corpora, tasks, tfds_sources
+from attn.data import builtin_tasks, corpora, tfds_sources
 from attn.data.base import ROLES, DataError, register_source
 from attn.data.config import DataConfig
 from attn.data.tokenize import TokenizerSpec
@@ -76,14 +77,14 @@ class Source(abc.ABC):
     """Identifies the records (used to key the lengths cache)."""
 
 
-class TaskSource(Source):
-  """A built-in task (tasks.py); split names in the config are ignored: the task generates
+class BuiltinTaskSource(Source):
+  """A built-in task (builtin_tasks.py); split names in the config are ignored: the task generates
   train/eval/test of train_size/eval_size/test_size."""
   has_alignments = True
 
   def __init__(self, cfg):
     super().__init__(cfg)
-    self.task = tasks.get_task(cfg)
+    self.task = builtin_tasks.builtin_task(cfg)
 
   def tokenizer_specs(self):
     return TokenizerSpec(self.task.src_tokenizer), TokenizerSpec(self.task.tgt_tokenizer)
@@ -115,13 +116,13 @@ class TaskSource(Source):
     return self._config_name
 
 
-for _name in tasks.TASKS:
-  register_source(_name)(type(f"{_name.title()}Source", (TaskSource,), {}))
+for _name in builtin_tasks.BUILTIN_TASKS:
+  register_source(_name)(type(f"{_name.title()}Source", (BuiltinTaskSource,), {}))
 
 
 class _LocalSource(Source):
-  """Shared by parallel_text and jsonl: validate every file, then write them as TFDS."""
-  kind = ""
+  """Shared by parallel_text and jsonl: validate every file, then write them as TFDS (the
+  AttnText builder, which reads the files back through the source's `read_files`)."""
 
   @abc.abstractmethod
   def _files(self, split: str) -> list[str]:
@@ -130,6 +131,12 @@ class _LocalSource(Source):
   @abc.abstractmethod
   def _check(self, split: str, files: list[str]) -> None:
     """Implemented by each subclass."""
+
+  @staticmethod
+  @abc.abstractmethod
+  def read_files(split: str, paths: list[str], params: dict) -> Iterator[tuple[str, str, tuple]]:
+    """(source, target, references) of every record of a split's (validated) files; `params`:
+    the builder's (`_params` and the files)."""
 
   def _params(self) -> dict:
     """Settings the records depend on besides the files (they key the builder config)."""
@@ -145,9 +152,9 @@ class _LocalSource(Source):
       if not _SPLIT_RE.match(split):
         raise DataError(f"split name {split!r} ({role}) must be letters, digits and _ only")
       splits[split] = self._files(split)
-    params = {"kind": self.kind, **self._params(),
+    params = {"kind": self.name, **self._params(),
               "splits": {s: [builders.file_entry(p) for p in files] for s, files in splits.items()}}
-    config = builders.config_for(self.kind, params)
+    config = builders.config_for(self.name, params)
     self._config_name = config.name
     self._files_by_split = splits
 
@@ -168,7 +175,6 @@ class _LocalSource(Source):
 @register_source("parallel_text")
 class ParallelTextSource(_LocalSource):
   """`<dir>/<split>.<src_lang>[.gz]` and `<dir>/<split>.<tgt_lang>[.gz]`."""
-  kind = "parallel_text"
 
   def _files(self, split):
     return list(corpora.parallel_paths(self.cfg.dir, split, self.cfg.src_lang, self.cfg.tgt_lang))
@@ -177,12 +183,16 @@ class ParallelTextSource(_LocalSource):
     del split
     corpora.check_parallel(*files)
 
+  @staticmethod
+  def read_files(split, paths, params):
+    del split, params
+    return ((s, t, ()) for s, t in corpora.read_parallel(*paths))
+
 
 @register_source("jsonl")
 class JsonlSource(_LocalSource):
   """`<dir>/<split>.jsonl[.gz]` with fields data.source_field, data.target_field, and in the
   eval/test splits data.reference_fields."""
-  kind = "jsonl"
   reads_references = True
 
   def _reference_splits(self) -> list[str]:
@@ -204,6 +214,12 @@ class JsonlSource(_LocalSource):
     refs = c.reference_fields if split in self._reference_splits() else ()
     corpora.check_jsonl(files[0], c.source_field, c.target_field, refs)
 
+  @staticmethod
+  def read_files(split, paths, params):
+    # Training files often lack the annotations: only the eval/test splits are read for them.
+    refs = tuple(params["reference_fields"]) if split in params["reference_splits"] else ()
+    return corpora.read_jsonl(paths[0], params["source_field"], params["target_field"], refs)
+
   def read_references(self, role, record):
     del role  # the builder wrote empty `refs` for training-only splits
     return [_text(r) for r in record["refs"]] if self.cfg.reference_fields else []
@@ -223,7 +239,7 @@ class _ItemwiseSource:
 
 
 def _batch_readable(ds):
-  if not hasattr(ds, "__getitems__"):  # a plain sequence: read item by item (pipeline._records)
+  if not hasattr(ds, "__getitems__"):  # a plain sequence: read item by item (splits.records)
     return ds
   try:
     ds.__getitems__([0])

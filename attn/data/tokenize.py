@@ -26,11 +26,13 @@ import io
 import json
 import os
 import re
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from attn.common.files import write_json
 from attn.data.base import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, DataError
+from attn.registry import Registry
 
 JOINER = "\uffed"  # "￭", OpenNMT Tokenizer's joiner
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
@@ -89,13 +91,21 @@ def _char_detokenize(tokens: Sequence[str]) -> str:
   return "".join(tokens)
 
 
-# name -> (tokenize, detokenize); sentencepiece is handled by SentencePieceVocab.
-TOKENIZERS = {
-    "word": (word_tokenize, word_detokenize),
-    "space": (_space_tokenize, _space_detokenize),
-    "char": (_char_tokenize, _char_detokenize),
-}
-TOKENIZER_NAMES = (*TOKENIZERS, "sentencepiece")
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+  """A tokenizer: `tokenize`/`detokenize` for a rule-based one (`Vocab`); learned=True for one
+  trained on the training split's sentences (sentencepiece: `SentencePieceVocab` tokenizes)."""
+  tokenize: Callable[[str], list[str]] | None = None
+  detokenize: Callable[[Sequence[str]], str] | None = None
+  learned: bool = False
+
+
+# The value of `data.tokenizer` -> its Tokenizer.
+TOKENIZERS = Registry("tokenizer", error=DataError)
+TOKENIZERS.add("word", Tokenizer(word_tokenize, word_detokenize))
+TOKENIZERS.add("space", Tokenizer(_space_tokenize, _space_detokenize))
+TOKENIZERS.add("char", Tokenizer(_char_tokenize, _char_detokenize))
+TOKENIZERS.add("sentencepiece", Tokenizer(learned=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +115,12 @@ class TokenizerSpec:
   lowercase: bool = False
 
   def __post_init__(self):
-    if self.kind not in TOKENIZER_NAMES:
-      raise DataError(f"unknown tokenizer {self.kind!r}; known: {', '.join(TOKENIZER_NAMES)}")
+    TOKENIZERS.get(self.kind)  # an unknown name: DataError listing the known ones
+
+  @property
+  def learned(self) -> bool:
+    """The tokenizer is trained on the training split's sentences (not counted from tokens)."""
+    return TOKENIZERS.get(self.kind).learned
 
 
 def normalize_whitespace(text: str) -> str:
@@ -129,14 +143,15 @@ class Vocab:
 
   def __init__(self, tokens: Sequence[str], spec: TokenizerSpec = TokenizerSpec()):
     """tokens: the ordinary tokens (no specials), in id order from 4."""
-    if spec.kind == "sentencepiece":
-      raise DataError("use SentencePieceVocab for sentencepiece")
+    if spec.learned:
+      raise DataError(f"use SentencePieceVocab for {spec.kind}")
     self.spec = spec
     self._itos = list(SPECIAL_TOKENS) + [t for t in tokens]
     self._stoi = {t: i for i, t in enumerate(self._itos)}
     if len(self._stoi) != len(self._itos):
       raise DataError("vocabulary tokens are not unique (or collide with a special token)")
-    self._tokenize, self._detokenize = TOKENIZERS[spec.kind]
+    tokenizer = TOKENIZERS.get(spec.kind)
+    self._tokenize, self._detokenize = tokenizer.tokenize, tokenizer.detokenize
 
   # -- sizes and lookups
   @property
@@ -233,10 +248,7 @@ class Vocab:
   def save(self, path: str) -> None:
     """Writes the vocabulary as JSON (atomically: a killed run never leaves half a file)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(self.to_json(), f, ensure_ascii=False, indent=0)
-    os.replace(tmp, path)
+    write_json(path, self.to_json(), ensure_ascii=False, indent=0)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(size={self.size}, tokenizer={self.spec.kind!r}, lowercase={self.spec.lowercase})"
@@ -315,7 +327,7 @@ def load_vocab(path: str) -> Vocab:
   if d.get("format") != VOCAB_FORMAT or tuple(d.get("specials", ())) != SPECIAL_TOKENS:
     raise DataError(f"{path}: not a vocabulary of format {VOCAB_FORMAT} with specials {SPECIAL_TOKENS}")
   spec = TokenizerSpec(**d["tokenizer"])
-  if spec.kind == "sentencepiece":
+  if spec.learned:
     return SentencePieceVocab(base64.b64decode(d["sentencepiece_model"]), spec)
   return Vocab(d["tokens"], spec)
 
@@ -336,7 +348,7 @@ def build_vocab(texts: Iterable[str], spec: TokenizerSpec, *, min_freq: int = 1,
   included. Order: frequency descending, then the token (so the same data gives the same ids).
   For sentencepiece, `max_size` is the model's vocabulary size (8000 when 0) and `min_freq` is unused.
   """
-  if spec.kind == "sentencepiece":
+  if spec.learned:
     return _train_sentencepiece(texts, spec, max_size or 8000, seed)
   return vocab_from_counts(count_tokens(texts, spec), spec, min_freq=min_freq, max_size=max_size)
 

@@ -86,7 +86,7 @@ class Seq2Seq(nnx.Module):
     return self.decoder.counterfactual(memory, shift_right(batch["tgt"]), intervene)
 
   def step_fn(self):
-    """`step(state, y_prev) -> (state, log_probs [B, V], weights [B, Ts])` for attn.decoding.search; the
+    """`step(state, y_prev) -> (state, log_probs [B, V], weights [B, Ts])` for attn.decoding; the
     state carries the memory, so beam search tiles the source with the hypotheses.
 
     A pointer-generator's log_probs cover the source-extended vocabulary [B, V + Ts] (the state

@@ -1,7 +1,7 @@
 """The Transformer encoder-decoder (Vaswani et al. 2017) on this repo's attention primitives.
 
 `model.arch=transformer`: the same interface as `Seq2Seq` (`attention`, `__call__`, `step_fn`,
-`initial_decode_state`, `cfg`), so the training loop, evaluation and `attn.decoding.search` run it as
+`initial_decode_state`, `cfg`), so the training loop, evaluation and `attn.decoding` run it as
 they run the RNNs.
 
 Axis names: B batch, Ts source length, Tt target length, d = d_model, H heads, dh = d / H head
@@ -591,7 +591,7 @@ class Transformer(nnx.Module):
 
   def step_fn(self):
     """`step(state, y_prev [B]) -> (state, log_probs [B, V] float32, weights [B, Ts])` for
-    attn.decoding.search (greedy and beam search)."""
+    attn.decoding (greedy and beam search)."""
 
     def step(state, y_prev):
       state, logits, att = self.step(state, y_prev)

@@ -11,6 +11,7 @@
 - `distributed`: the device mesh, shardings, jax.distributed and what only process 0 writes.
 """
 
+from attn.decoding import Search
 from attn.training import distributed
 from attn.training.checkpoints import Checkpoints
 from attn.training.config import TrainConfig, make_optimizer
@@ -19,7 +20,7 @@ from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate,
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table, write_json
 from attn.training.summarization import SummarizationTask
-from attn.training.task import Search, Task, TranslationTask, get_task
+from attn.training.task import Task, TranslationTask, get_task
 
 __all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
            "TrainConfig", "TranslationTask",

@@ -10,6 +10,7 @@ import optax
 
 from attn.config import configurable
 from attn.config.configurable import option
+from attn.decoding import Search
 from attn.errors import ConfigError
 from attn.precision import COMPUTE_DTYPES
 from attn.training import distributed
@@ -44,7 +45,8 @@ class TrainConfig:
   eval_decode_sentences: int = option(
       500, "sentences of the eval split decoded (greedy) for the eval score")
   beam_size: int = option(1, "test decoding beam; 1 = greedy")
-  length_penalty: float = option(0.6, "beam search length penalty alpha (GNMT)")
+  length_penalty: float = option(Search.length_penalty,
+                                 "beam search length penalty alpha (GNMT)")
   max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
   max_decode_len: int = option(0, "and at most this many tokens (0 = no further cap)")
   min_decode_len: int = option(0, "no EOS before this many output tokens, EOS counted")
@@ -108,8 +110,7 @@ class TrainConfig:
     return dataclasses.replace(self, **kw)
 
   def search(self):
-    """The test decoding's search settings (attn.training.task.Search)."""
-    from attn.training.task import Search  # pylint: disable=import-outside-toplevel
+    """The test decoding's search settings."""
     return Search(beam_size=self.beam_size, length_penalty=self.length_penalty,
                   min_len=self.min_decode_len, block_repeat_ngram=self.block_repeat_ngram,
                   coverage_penalty=self.coverage_penalty)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn.common.files import atomic_path
 from attn.common.jitting import jitted
 from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
@@ -207,13 +208,14 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
     arrays[f"tgt_tokens_{i}"] = np.array(hyps.tgt_labels[i], dtype=str)
     if with_scores:
       arrays[f"scores_{i}"] = hyps.scores[i]
-  np.savez_compressed(
-      os.path.join(run.workdir, "attention.npz"), **arrays,
-      example_ids=np.array(sample, dtype=np.int64), sources=np.array([sources[i] for i in sample]),
-      predictions=np.array([hyps.text[i] for i in sample]),
-      references=np.array([refs[i] for i in sample]),
-      decoder=v["decoder"], score=v["score"], normalizer=v["normalizer"], scope=v["scope"],
-      temperature=np.float32(v["temperature"]))
+  with atomic_path(os.path.join(run.workdir, "attention.npz"), suffix=".npz") as tmp:
+    np.savez_compressed(
+        tmp, **arrays, example_ids=np.array(sample, dtype=np.int64),
+        sources=np.array([sources[i] for i in sample]),
+        predictions=np.array([hyps.text[i] for i in sample]),
+        references=np.array([refs[i] for i in sample]),
+        decoder=v["decoder"], score=v["score"], normalizer=v["normalizer"], scope=v["scope"],
+        temperature=np.float32(v["temperature"]))
 
 
 def write_results(run, ckpt, role="test") -> dict:

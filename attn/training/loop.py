@@ -273,6 +273,23 @@ def is_better(score: tuple, best: tuple) -> bool:
   return score >= best
 
 
+@dataclasses.dataclass
+class _Timing:
+  """Training time: the timed segment in progress (evaluations and saves are left out of it) and
+  the logging window, the training seconds, steps and tokens since the last progress line."""
+  t_seg: float
+  s: float = 0.0
+  steps: int = 0
+  tokens: float = 0.0
+
+  def close_segment(self, run: Run) -> None:
+    """Adds the segment's time to the run and the window; the next segment starts now."""
+    now = time.time()
+    run.wall_s += now - self.t_seg
+    self.s += now - self.t_seg
+    self.t_seg = now
+
+
 def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None):
   """Runs steps from run.step to tc.steps (or `stop_after` steps, for tests of resuming).
 
@@ -283,14 +300,11 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   step_fn = run.step_fn()
   step_start = run.step
   it = run.bundle.train_iter(run.step, None if run.rows is None else run.rows.select)
-  several = jax.process_count() > 1
   key_sharding = None if run.mesh is None else distributed.replicated(run.mesh)
-  t_seg = time.time()  # start of the current timed segment (evals and saves excluded)
-  win = {"s": 0.0, "steps": 0, "tokens": 0.0}  # the logging window
+  timing = _Timing(time.time())
   last = None
-  selection = run.task.selection_metrics(run.bundle)
   # A resumed run that had already used its time trains no further. (Decided once, from the
-  # restored counters, which every process shares; later stops are agreed on, below.)
+  # restored counters, which every process shares; later stops are agreed on, in _after_step.)
   spent = bool(tc.max_wall_s) and run.wall_s >= tc.max_wall_s
   guard = InterruptGuard()
   try:
@@ -307,61 +321,77 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         with guard.step():
           run.state, last, run.step = (*step_fn(run.state, batch, key), run.step + 1)
         run.train_tokens += ntok
-        win["steps"] += 1
-        win["tokens"] += ntok
-        last_step = run.step == tc.steps
-        out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - t_seg >= tc.max_wall_s
-        if several and tc.max_wall_s:
-          out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
-        eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
-            "eval" in run.bundle.splits)
-        save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
-        if run.step % tc.log_every == 0 or last_step or eval_now or save_now:
-          m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
-          check_divergence(run, m, ckpt)
-          now = time.time()
-          run.wall_s += now - t_seg
-          win["s"] += now - t_seg
-          t_seg = now
-          if eval_now or save_now:
-            # The step's loss is of the parameters before it; what is about to be saved is after.
-            check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
-          if run.step % tc.log_every == 0 or last_step:
-            rate = win["tokens"] / max(win["s"], 1e-9)
-            run.window_rates.append(rate)
-            writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
-            log.info(_progress(run, m, win["s"], win["steps"], win["tokens"]))
-            win = {"s": 0.0, "steps": 0, "tokens": 0.0}
-        if out_of_time:
-          log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
-        if eval_now:
-          ev = evaluation.evaluate(run, "eval", tc.eval_decode_sentences)
-          floats = {k: v for k, v in ev.items() if isinstance(v, float)}
-          writer.write(run.step, "eval", floats)
-          log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
-          score = tuple(ev[k] for k in selection)
-          if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
-            run.best_score, run.best_step, run.best_eval = score, run.step, floats
-            ckpt.save(ckpt.best, run)
-        if save_now:
-          ckpt.save(ckpt.latest, run)
-        if eval_now or save_now:
-          t_seg = time.time()
-        if out_of_time:
+        timing.steps += 1
+        timing.tokens += ntok
+        if _after_step(run, ckpt, writer, timing, last, batch):
           break
   except KeyboardInterrupt:
-    if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
-      log.warning(f"interrupted inside step {run.step + 1}, whose input state was donated: "
-                  "nothing saved; rerun the same command to resume from the last checkpoint")
-    elif last is not None and run.step != ckpt.latest.latest_step():
-      jax.block_until_ready(run.state)
-      ckpt.save(ckpt.latest, run)
-      log.warning(f"interrupted at step {run.step}: checkpoint saved; rerun the same command "
-                  "to resume")
+    _save_on_interrupt(run, ckpt, last)
     raise
   jax.block_until_ready(run.state)
-  run.wall_s += time.time() - t_seg
+  run.wall_s += time.time() - timing.t_seg
   return last
+
+
+def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,
+                batch) -> bool:
+  """What follows step run.step (`last`: its metrics, `batch`: its global batch): the progress
+  line, the evaluation and the saves that are due. True when train.max_wall_s stops training."""
+  tc = run.tc
+  last_step = run.step == tc.steps
+  out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - timing.t_seg >= tc.max_wall_s
+  if jax.process_count() > 1 and tc.max_wall_s:
+    out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
+  eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
+      "eval" in run.bundle.splits)
+  save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
+  log_now = run.step % tc.log_every == 0 or last_step
+  if log_now or eval_now or save_now:
+    m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
+    check_divergence(run, m, ckpt)
+    timing.close_segment(run)
+    if eval_now or save_now:
+      # The step's loss is of the parameters before it; what is about to be saved is after.
+      check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
+    if log_now:
+      rate = timing.tokens / max(timing.s, 1e-9)
+      run.window_rates.append(rate)
+      writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
+      log.info(_progress(run, m, timing.s, timing.steps, timing.tokens))
+      timing.s, timing.steps, timing.tokens = 0.0, 0, 0.0
+  if out_of_time:
+    log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
+  if eval_now:
+    _evaluate(run, ckpt, writer)
+  if save_now:
+    ckpt.save(ckpt.latest, run)
+  if eval_now or save_now:
+    timing.t_seg = time.time()
+  return out_of_time
+
+
+def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
+  """Evaluates on the eval split, logs it and saves best/ when the selection metrics improve."""
+  ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
+  floats = {k: v for k, v in ev.items() if isinstance(v, float)}
+  writer.write(run.step, "eval", floats)
+  log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
+  score = tuple(ev[k] for k in run.task.selection_metrics(run.bundle))
+  if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
+    run.best_score, run.best_step, run.best_eval = score, run.step, floats
+    ckpt.save(ckpt.best, run)
+
+
+def _save_on_interrupt(run: Run, ckpt: Checkpoints, last) -> None:
+  """After Ctrl-C: saves the current step unless it is saved already or its state was donated."""
+  if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
+    log.warning(f"interrupted inside step {run.step + 1}, whose input state was donated: "
+                "nothing saved; rerun the same command to resume from the last checkpoint")
+  elif last is not None and run.step != ckpt.latest.latest_step():
+    jax.block_until_ready(run.state)
+    ckpt.save(ckpt.latest, run)
+    log.warning(f"interrupted at step {run.step}: checkpoint saved; rerun the same command "
+                "to resume")
 
 
 def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:

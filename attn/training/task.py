@@ -9,9 +9,9 @@ subclassing `Task` rather than copying the loop.
 from __future__ import annotations
 
 import abc
-import dataclasses
 
-from attn.decoding import search as decode_lib
+from attn import decoding
+from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
 from attn.evaluation import metrics as metrics_lib
 from attn.errors import ConfigError
 from attn.models import ModelConfig, build_model, match_param_count, sequence_loss
@@ -19,21 +19,6 @@ from attn.registry import Registry
 
 # What a run trains for (translate, summarize): entries are `Task` subclasses.
 TASKS = Registry("task", error=ConfigError)
-
-
-@dataclasses.dataclass(frozen=True)
-class Search:
-  """How outputs are searched for (attn.decoding.search): beam_size 1 is greedy. length_penalty: GNMT
-  alpha; min_len: no EOS before this many tokens (EOS counted); block_repeat_ngram: n-gram
-  blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only)."""
-  beam_size: int = 1
-  length_penalty: float = 0.6
-  min_len: int = 0
-  block_repeat_ngram: int = 0
-  coverage_penalty: float = 0.0
-
-  def greedy(self) -> "Search":
-    return dataclasses.replace(self, beam_size=1)
 
 
 class Task(abc.ABC):
@@ -59,7 +44,7 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def decode(self, model, batch, *, max_len: int, search: Search):
-    """A `decode.DecodeOutput` for one batch (the device arrays: src, src_lengths[, src_ext])."""
+    """A `decoding.DecodeOutput` for one batch (the device arrays: src, src_lengths[, src_ext])."""
 
   @abc.abstractmethod
   def attention(self, model, batch):
@@ -123,8 +108,8 @@ class TranslationTask(Task):
                                       max_len=max_len)
     common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram)
     if search.beam_size == 1:
-      return decode_lib.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
-    return decode_lib.beam_search(
+      return decoding.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
+    return decoding.beam_search(
         model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
         length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
         source_lengths=batch["src_lengths"], **common)

@@ -21,7 +21,7 @@ from experiments.configs import from_preset
 # sources cut at 200 tokens, a 10k vocabulary (the pointer copies what it lacks).
 _MODEL = dict(emb_dim=128, enc_hidden=256, dec_hidden=256, d_attn=256, dropout=0.2,
               decoder="bahdanau", score="additive")
-_DECODE = dict(beam_size=4, length_penalty=0.6, min_decode_len=2, block_repeat_ngram=3)
+_DECODE = dict(beam_size=4, min_decode_len=2, block_repeat_ngram=3)
 _SUMMARY_DATA = dict(lowercase=True, vocab_size=10_000, min_freq=2, batch_size=32,
                      num_buckets=6)
 

@@ -1,11 +1,12 @@
 """Built-in tasks generated from a seed, each example with its gold alignment.
 
 An `Example` is source text, target text and `align`, an [K, 2] int32 array of (target token,
-source token) index pairs under the task's tokenizers (`Task.src_tokenizer`/`tgt_tokenizer`):
-target token t "comes from" the source tokens s of its pairs. EOS->EOS is added by the pipeline; a
+source token) index pairs under the task's tokenizers (`BuiltinTask.src_tokenizer` and
+`tgt_tokenizer`): target token t "comes from" the source tokens s of its pairs. EOS->EOS is added by the pipeline; a
 target token with no pair (the "-" of an ISO date) has an all-zero alignment row.
 
-Tasks (`TASKS`, chosen by `data.task`):
+Tasks (`BUILTIN_TASKS`, chosen by `data.task`; not to be confused with attn.training's `TASKS`,
+what a run trains for):
 - `copy`, `reverse`: random strings of `task_vocab_size` symbols ("a".."t"), lengths uniform in
   [min_len, max_len] (default 5..50); target = source, or source reversed. One-to-one alignments;
   reverse puts target t on source L-1-t.
@@ -35,17 +36,19 @@ import datetime
 import re
 import string
 import zlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from attn.data import numwords
 from attn.data.base import ROLES, DataError
 from attn.data.config import DataConfig
+from attn.registry import Registry
 
 _ROLE_ID = {r: i for i, r in enumerate(ROLES)}
 _MAX_TRIES = 10_000
-# Bump when generation changes, so cached copies (keyed by Task.fingerprint) are written again.
+# Bump when generation changes, so cached copies (keyed by BuiltinTask.fingerprint) are written
+# again.
 GENERATOR_VERSION = 1
 
 
@@ -70,8 +73,9 @@ def _pairs(rows: list[list[int]]) -> np.ndarray:
   return np.asarray(out, np.int32).reshape(-1, 2)
 
 
-class Task(abc.ABC):
-  """Base: subclasses define `sample(rng, role) -> Example | None` (None = reject, draw again)."""
+class BuiltinTask(abc.ABC):
+  """A built-in task generating examples from a seed. Subclasses define `sample(rng, role) ->
+  Example | None` (None = reject, draw again)."""
   name = ""
   src_tokenizer = "space"
   tgt_tokenizer = "space"
@@ -114,23 +118,24 @@ class Task(abc.ABC):
                 date_formats=list(c.date_formats), min_year=c.min_year, max_year=c.max_year)
 
 
-TASKS: dict[str, type[Task]] = {}
+# The value of `data.task` -> the built-in task's class.
+BUILTIN_TASKS = Registry("built-in task", error=DataError)
 
 
-def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+def register_builtin_task(name: str):
+  """Class decorator registering a built-in task under `name`; the class learns its name."""
+
   def decorator(cls):
-    if name in TASKS:
-      raise ValueError(f"task {name!r} is already registered")
+    BUILTIN_TASKS.add(name, cls)
     cls.name = name
-    TASKS[name] = cls
     return cls
+
   return decorator
 
 
-def get_task(cfg: DataConfig) -> Task:
-  if cfg.task not in TASKS:
-    raise DataError(f"unknown built-in task {cfg.task!r}; known: {', '.join(sorted(TASKS))}")
-  return TASKS[cfg.task](cfg)
+def builtin_task(cfg: DataConfig) -> BuiltinTask:
+  """The built-in task `cfg.task`, set up with `cfg`."""
+  return BUILTIN_TASKS.get(cfg.task)(cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +152,7 @@ def symbols(n: int) -> list[str]:
   return [a + b for a in letters for b in letters][:n]
 
 
-class _SymbolTask(Task):
+class _SymbolTask(BuiltinTask):
   reverse = False
 
   def __init__(self, cfg):
@@ -165,12 +170,12 @@ class _SymbolTask(Task):
     return Example(" ".join(src), " ".join(tgt), _pairs([[s] for s in order]), " ".join(src))
 
 
-@register_task("copy")
+@register_builtin_task("copy")
 class CopyTask(_SymbolTask):
   """Target = source."""
 
 
-@register_task("reverse")
+@register_builtin_task("reverse")
 class ReverseTask(_SymbolTask):
   """Target = source reversed."""
   reverse = True
@@ -215,8 +220,8 @@ def _pattern_reader(tokens) -> re.Pattern | None:
   return re.compile("".join(parts))
 
 
-@register_task("dates")
-class DatesTask(Task):
+@register_builtin_task("dates")
+class DatesTask(BuiltinTask):
   """Human-written dates (babel/CLDR, several locales and formats) -> ISO 8601."""
   src_tokenizer = "char"
   tgt_tokenizer = "char"
@@ -337,8 +342,8 @@ class DatesTask(Task):
 # numbers
 
 
-@register_task("numbers")
-class NumbersTask(Task):
+@register_builtin_task("numbers")
+class NumbersTask(BuiltinTask):
   """Cardinal numbers in words (en/fr/de) -> digits."""
   src_tokenizer = "space"
   tgt_tokenizer = "char"

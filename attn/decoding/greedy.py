@@ -1,0 +1,83 @@
+"""Greedy decoding: the argmax token at every step, as one `lax.while_loop` that stops once every
+row has emitted EOS (see the package docstring for step_fn and the outputs)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from attn.data.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
+from attn.decoding.constraints import check_constraints, constrain
+from attn.decoding.step import DecodeOutput, StepFn, check_sizes, f32_extras, step_shapes, unpack
+
+
+class _GreedyCarry(NamedTuple):
+  t: jax.Array        # [] int32, number of steps taken
+  state: Any          # leaves [B, ...]
+  y_prev: jax.Array   # [B] int32
+  done: jax.Array     # [B] bool, EOS emitted
+  tokens: jax.Array   # [B, T] int32
+  weights: jax.Array  # [B, T, Ts] float32
+  scores: jax.Array   # [B] float32
+  lengths: jax.Array  # [B] int32
+  extras: dict        # name -> [B, T] float32 ({} without extras)
+
+
+def greedy_decode(step_fn: StepFn, init_state, batch_size: int, max_len: int, *,
+                  bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
+                  min_len: int = 0, block_repeat_ngram: int = 0) -> DecodeOutput:
+  """Argmax decoding: y_t = argmax_y log p(y | y_<t), until EOS or max_len tokens.
+
+  Rows that are done keep being fed to step_fn (the batch is fixed-size) with PAD as y_prev; their
+  outputs are discarded. Ties between tokens go to the lowest id (jnp.argmax).
+
+  min_len: EOS is banned while it would end the output with fewer than min_len tokens (EOS
+  counted), so the shortest output has min_len tokens. block_repeat_ngram: n > 0 bans every
+  token that would repeat an n-gram of the row's generated tokens (BOS excluded; 3 = trigram
+  blocking). Banned tokens get log-prob -inf; scores stay the model's log-probs of the chosen
+  tokens. The bans never leave a row without a possible token: EOS is never n-gram blocked, and
+  min_len yields on a row whose every other token is banned or impossible (that output then ends
+  before min_len; it takes all V - 1 other tokens banned, so only tiny vocabularies get there); a
+  row whose model gives EOS probability 0 as well keeps its unblocked log-probs.
+
+  There is no coverage penalty here: it re-ranks finished hypotheses, and greedy has one per row
+  (beam_search with beam_size=1 does apply it when ranking its finished hypotheses).
+  """
+  check_sizes(batch_size, max_len)
+  check_constraints(max_len, min_len, block_repeat_ngram)
+  B, T = batch_size, max_len
+  _, Ts, extra_names = step_shapes(step_fn, init_state, B)
+
+  def cond(c):
+    return (c.t < T) & ~jnp.all(c.done)
+
+  def body(c):
+    state, logp, w, xs = unpack(step_fn(c.state, c.y_prev))    # [B, V], [B, Ts], {[B]}
+    logp = logp.astype(jnp.float32)
+    logp = constrain(logp, c.t, c.tokens, min_len=min_len, ngram=block_repeat_ngram,
+                      eos_id=eos_id)
+    tok = jnp.argmax(logp, axis=-1).astype(jnp.int32)            # [B]
+    tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    tok = jnp.where(c.done, pad_id, tok)
+    w = jnp.where(c.done[:, None], 0.0, w.astype(jnp.float32))
+    xs = {k: jnp.where(c.done, 0.0, v) for k, v in f32_extras(xs, (B,)).items()}
+    return _GreedyCarry(
+        t=c.t + 1, state=state, y_prev=tok,
+        done=c.done | (tok == eos_id),
+        tokens=jax.lax.dynamic_update_index_in_dim(c.tokens, tok, c.t, axis=1),
+        weights=jax.lax.dynamic_update_index_in_dim(c.weights, w, c.t, axis=1),
+        scores=c.scores + jnp.where(c.done, 0.0, tok_logp),
+        lengths=c.lengths + (~c.done).astype(jnp.int32),
+        extras={k: jax.lax.dynamic_update_index_in_dim(c.extras[k], v, c.t, axis=1)
+                for k, v in xs.items()})
+
+  c = jax.lax.while_loop(cond, body, _GreedyCarry(
+      t=jnp.zeros((), jnp.int32), state=init_state,
+      y_prev=jnp.full((B,), bos_id, jnp.int32), done=jnp.zeros((B,), bool),
+      tokens=jnp.full((B, T), pad_id, jnp.int32), weights=jnp.zeros((B, T, Ts), jnp.float32),
+      scores=jnp.zeros((B,), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
+      extras={k: jnp.zeros((B, T), jnp.float32) for k in extra_names or ()}))
+  return DecodeOutput(tokens=c.tokens, lengths=c.lengths, weights=c.weights, scores=c.scores,
+                      extras=None if extra_names is None else c.extras)

@@ -1,0 +1,20 @@
+"""`Search`: how outputs are searched for, the one home of the search settings' defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """How outputs are searched for: beam_size 1 is greedy. length_penalty: GNMT alpha (the default
+  of beam_search too); min_len: no EOS before this many tokens (EOS counted); block_repeat_ngram:
+  n-gram blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only)."""
+  beam_size: int = 1
+  length_penalty: float = 0.6
+  min_len: int = 0
+  block_repeat_ngram: int = 0
+  coverage_penalty: float = 0.0
+
+  def greedy(self) -> "Search":
+    return dataclasses.replace(self, beam_size=1)
