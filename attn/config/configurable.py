@@ -17,6 +17,10 @@ from typing import Any
 
 from attn.errors import ConfigError
 
+# A dotted config key that moved -> where it is now ("model.decoder" -> "model.rnn.decoder"),
+# filled by the modules whose settings moved; command-line errors name the new place.
+MOVED: dict[str, str] = {}
+
 
 def option(default: Any, help: str, *, derived: bool = False):  # pylint: disable=redefined-builtin
   """A dataclass field with its one-line help (shown in config files) and its default."""
