@@ -72,10 +72,10 @@ from flax import nnx
 
 from attn.inspection import plots
 from attn.errors import ConfigError
-from attn.models.config import AttentionRole, ModelConfig
+from attn.models.config import AttentionRole, ModelConfig, TransformerConfig
 from attn.models.params import values
-from attn.models.transformer import (Attention, TransformerEncoder, attend_heads,
-                                     fused_unsupported)
+from attn.models.transformer_attention import Attention, attend_heads, fused_unsupported
+from attn.models.transformer_layers import TransformerEncoder
 from attn.training.results import write_json, write_text
 from attn.launching import cli
 
@@ -162,7 +162,7 @@ class Settings:
     if self.train_length == 1:
       raise ConfigError("--train_length: a recall sequence needs T >= 2 (or 0: every length)")
     for v in self.variants:  # the model's own checks (pos_encoding, sizes), before any sweep
-      cfg = model_config(self, v, 2)
+      cfg = model_config(self, v, 2).validate()
       why = VARIANTS[v].fused and fused_unsupported(cfg, "enc_self")
       if why:  # the model would run it unfused: the row would not be what it says
         raise ConfigError(f"--variants={v}: {why}")
@@ -177,10 +177,10 @@ def model_config(s: Settings, variant: str, max_len: int):
   """The Transformer ModelConfig whose encoder self-attention is `variant` (dropout off)."""
   v = VARIANTS[variant]
   return ModelConfig(
-      arch="transformer", src_vocab=s.vocab, tgt_vocab=s.vocab, d_model=s.d_model,
-      num_heads=s.heads, d_ff=s.d_ff, enc_layers=s.layers, dropout=0.0, fused=v.fused,
-      max_src_len=max_len, pos_encoding=s.pos_encoding,
-      enc_self=AttentionRole(scope=v.scope, half_width=s.half_width, top_k=s.top_k))
+      arch="transformer", src_vocab=s.vocab, tgt_vocab=s.vocab, enc_layers=s.layers, dropout=0.0,
+      fused=v.fused, max_src_len=max_len, transformer=TransformerConfig(
+          d_model=s.d_model, num_heads=s.heads, d_ff=s.d_ff, pos_encoding=s.pos_encoding,
+          enc_self=AttentionRole(scope=v.scope, half_width=s.half_width, top_k=s.top_k)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class RecallModel(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, num_values: int, *, rngs: nnx.Rngs):
     self.encoder = TransformerEncoder(cfg, rngs=rngs, compute_dtype="float32")
-    self.readout = nnx.Linear(cfg.d_model, num_values, rngs=rngs)
+    self.readout = nnx.Linear(cfg.transformer.d_model, num_values, rngs=rngs)
 
   def __call__(self, tokens):
     """tokens [B, T] -> value logits [B, num_values] at position T-1."""
