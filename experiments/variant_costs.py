@@ -3,9 +3,9 @@ r"""What each encoder self-attention variant solves and what it costs, against t
     python -m experiments.variant_costs                 # the figure run (~15 min on 2 idle cores)
     python -m experiments.variant_costs --lengths=256,512 --quality_lengths=64 --train_steps=20
 
-Variants (the Transformer encoder's `model.enc_self` role, built through ModelConfig; the model
-runs whatever path attn.models.transformer gives the role): global (softmax over every key),
-window (keys |j - i| <= --half_width), topk (each query keeps its --top_k highest-scoring keys),
+Variants (the Transformer encoder's `model.transformer.enc_self` role, built through
+ModelConfig; the model runs whatever path attn.models.transformer gives the role): global
+(softmax over every key), window (keys |j - i| <= --half_width), topk (each query keeps its --top_k highest-scoring keys),
 linear (Katharopoulos et al. 2020, elu+1 feature map) and fused (global softmax through
 kernels.attention; on CPU its exact blocked path, whose 512-key blocks make it the dense
 computation up to T=512 and O(T * 512) memory beyond).
@@ -635,7 +635,7 @@ def define_flags():
   flags.DEFINE_integer("eval_examples", d.eval_examples, "Recall test examples per cell.")
   flags.DEFINE_integer("seed", d.seed, "Random seed.")
   flags.DEFINE_string("pos_encoding", d.pos_encoding,
-                      "model.pos_encoding (none: recall is content-only).")
+                      "model.transformer.pos_encoding (none: recall is content-only).")
   flags.DEFINE_string("out", "workdirs/variant_costs", "Output directory.")
 
 

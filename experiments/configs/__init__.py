@@ -22,3 +22,17 @@ def from_preset(presets: dict, preset: str, experiment: str) -> ml_collections.C
   c.model = configurable.config_dict(ModelConfig, **p["model"])
   c.train = configurable.config_dict(TrainConfig, **p["train"])
   return c
+
+
+def use_arch(c: ml_collections.ConfigDict, arch: str, **settings) -> ml_collections.ConfigDict:
+  """`c` with model.arch = `arch`, the other architectures' sections back at their defaults (a
+  preset's RNN sizes do not apply to a Transformer, and a value left there is refused) and
+  `settings` set in the chosen architecture's section. Returns c."""
+  from attn.models.config import section_names  # pylint: disable=import-outside-toplevel
+  c.model.arch = arch
+  for name in section_names():
+    if name != arch:
+      section = ModelConfig.__dataclass_fields__[name].default
+      setattr(c.model, name, configurable.config_dict(type(section)))
+  getattr(c.model, arch).update(settings)
+  return c

@@ -5,12 +5,16 @@ r"""Config for experiments/translate.py: seq2seq with and without attention.
         --workdir=workdirs/m30k_bahdanau
 
 Presets (the text after the colon): multi30k (default; ../shared/data/multi30k, de->en),
-multi30k_transformer (the same data on model.arch=transformer),
-reverse (built-in, lengths 10-100), dates, numbers, copy, smoke (tiny, for tests), demo (make run),
-demo_transformer (the demo task on a small Transformer: the ablation sweeps' base).
-Every field can be overridden on the command line (`--config.train.steps=100`); typos fail with a
-suggestion. Defaults live in the dataclasses (attn.data.DataConfig, attn.models.ModelConfig,
-attn.training.TrainConfig); a preset only overrides them.
+multi30k_transformer (the same data on model.arch=transformer), reverse (built-in, lengths
+10-100), reverse_transformer (the same on a Transformer), dates, numbers, copy, smoke (tiny, for
+tests), demo (make run), demo_transformer (the demo task on a small Transformer: the ablation
+sweeps' base). A preset's model section sets one architecture's section (model.rnn or
+model.transformer); switching model.arch on the command line needs a preset of that
+architecture, as a value left in the other section is refused.
+Every field can be overridden on the command line (`--config.train.steps=100`,
+`--config.model.rnn.decoder=luong`); typos fail with a suggestion. Defaults live in the
+dataclasses (attn.data.DataConfig, attn.models.ModelConfig, attn.training.TrainConfig); a preset
+only overrides them.
 """
 
 from experiments.configs import from_preset
@@ -40,6 +44,16 @@ _PRESETS = {
         model=dict(dropout=0.0, rnn=dict(emb_dim=64, enc_hidden=128, dec_hidden=128, d_attn=128,
                                          match_params_of="bahdanau")),
         train=dict(steps=1200, eval_every=600, checkpoint_every=200, learning_rate=3e-3,
+                   warmup_steps=100, eval_decode_sentences=300)),
+    # The reverse task on a 2 + 2 layer Transformer with RoPE (the per-head diagnosis in
+    # docs/results.md): 3,000 steps, ~12 min on 2 cores, the RNN's budget on this task.
+    "reverse_transformer": dict(
+        data="reverse",
+        data_overrides=dict(min_len=10, max_len=100, max_src_len=104, max_tgt_len=104,
+                            train_size=50_000, num_buckets=6),
+        model=dict(arch="transformer", enc_layers=2, dec_layers=2, dropout=0.0,
+                   transformer=dict(d_model=128, num_heads=4, d_ff=256, pos_encoding="rope")),
+        train=dict(steps=3000, eval_every=600, checkpoint_every=200, learning_rate=2e-3,
                    warmup_steps=100, eval_decode_sentences=300)),
     "dates": dict(data="dates", model=dict(dropout=0.1, rnn=dict(emb_dim=64, enc_hidden=128,
                                                                  dec_hidden=128, d_attn=64)),
