@@ -195,7 +195,7 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
      r"^error: --config\.model\.rnn\.decodr: the config has no such field \(Did you mean "
      r"\"decoder\""),
     (["--sweep=model.rnn.decoder=none,bahdanu"],
-     r"^error: decoder=bahdanu: model\.decoder: unknown decoder 'bahdanu'"),
+     r"^error: decoder=bahdanu: unknown model\.rnn\.decoder 'bahdanu'; known: bahdanau"),
     (["--set=model.rnn.emb_dim=big"],
      r"^error: flag --config\.model\.rnn\.emb_dim=big: invalid literal"),
     (["--set=train.steps=0"], r"^error: train\.steps=0 must be >= 1"),
