@@ -12,9 +12,11 @@ from attn.training.config import TrainConfig
 
 def from_preset(presets: dict, preset: str, experiment: str) -> ml_collections.ConfigDict:
   """Every field of DataConfig, ModelConfig and TrainConfig at its dataclass default, then the
-  preset's overrides: `data` (a data preset name), `data_overrides`, `model`, `train`."""
+  preset's overrides: `data` (a data preset name), `data_overrides`, `model` (the shared fields
+  and one architecture's section, e.g. `rnn=dict(...)`), `train`."""
   if preset not in presets:
-    raise ConfigError(f"unknown {experiment} preset {preset!r}; known: {', '.join(sorted(presets))}")
+    raise ConfigError(f"unknown {experiment} preset {preset!r}; known: "
+                      f"{', '.join(sorted(presets))}")
   p = presets[preset]
   c = ml_collections.ConfigDict()
   c.data = data_config.get_config(p["data"])
