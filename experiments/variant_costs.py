@@ -5,10 +5,10 @@ r"""What each encoder self-attention variant solves and what it costs, against t
 
 Variants (the Transformer encoder's `model.transformer.enc_self` role, built through
 ModelConfig; the model runs whatever path attn.models.transformer gives the role): global
-(softmax over every key), window (keys |j - i| <= --half_width), topk (each query keeps its --top_k highest-scoring keys),
-linear (Katharopoulos et al. 2020, elu+1 feature map) and fused (global softmax through
-kernels.attention; on CPU its exact blocked path, whose 512-key blocks make it the dense
-computation up to T=512 and O(T * 512) memory beyond).
+(softmax over every key), window (keys |j - i| <= --half_width), topk (each query keeps its
+--top_k highest-scoring keys), linear (Katharopoulos et al. 2020, elu+1 feature map) and fused
+(global softmax through kernels.attention; on CPU its exact blocked path, whose 512-key blocks
+make it the dense computation up to T=512 and O(T * 512) memory beyond).
 
 Cost, per variant and T in --lengths:
 - encoder: one jitted training step of the TransformerEncoder (forward, backward of the mean

@@ -182,8 +182,9 @@ def test_the_transformer_routes_window_self_attention_through_the_band(monkeypat
   x, r = (jnp.asarray(rng.normal(size=(2, 7, 8)), jnp.float32) for _ in range(2))
   positions, lengths = jnp.arange(7)[None], jnp.array([7, 4])
   roles = {"enc_self": False, "dec_self": True, "cross": False}  # field: causal
-  layers = {f: nnx.split(transformer_attention.Attention(cfg, f, rngs=nnx.Rngs(0), compute_dtype="float32"),
-                         nnx.Param, ...) for f in roles}
+  attention = lambda f: transformer_attention.Attention(cfg, f, rngs=nnx.Rngs(0),
+                                                        compute_dtype="float32")
+  layers = {f: nnx.split(attention(f), nnx.Param, ...) for f in roles}
 
   def loss(field, params):
     """<out, r> and (out, weights) of the role's attention of x over itself, called as its

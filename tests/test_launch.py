@@ -480,7 +480,8 @@ def test_slurm_refuses_run_dirs_recorded_with_other_overrides(tmp_path, fake, ca
   rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong,bahdanau",
                      "--set=model.rnn.score=general", "--launcher=slurm", capsys=capsys)
   assert rc == 1
-  assert sum("refused" in l and "model.rnn.score: dot -> general" in l for l in out.splitlines()) == 2
+  assert sum("refused" in l and "model.rnn.score: dot -> general" in l
+             for l in out.splitlines()) == 2
   (call,) = calls()
   assert "#SBATCH --array=0-0\n" in call["script"]  # no --parallel: no limit
   assert array_task(call["script"], 0) == str(tmp_path / "decoder=bahdanau")

@@ -28,7 +28,7 @@ SIZES = dict(src_vocab=23, tgt_vocab=19, emb_dim=8, enc_hidden=12, dec_hidden=10
 
 
 def _cfg(**kw):
-  """The RNN at SIZES; a Transformer (arch="transformer") keeps only the vocabularies and dropout."""
+  """The RNN at SIZES; a Transformer (arch="transformer") keeps the vocabularies and dropout."""
   sizes = SIZES if kw.get("arch", "rnn") == "rnn" else dict(src_vocab=23, tgt_vocab=19, dropout=0.0)
   return model_config(**{**sizes, **kw})
 

@@ -194,7 +194,8 @@ def count_params(model_or_cfg) -> int:
 
 
 def match_param_count(cfg: ModelConfig, reference: ModelConfig) -> ModelConfig:
-  """`cfg` with model.rnn.dec_hidden chosen so its parameter count is as close as possible to `reference`'s
+  """`cfg` with model.rnn.dec_hidden chosen so its parameter count is as close as possible to
+  `reference`'s
   (the fair fixed-vector baseline: same budget, no attention). Count grows with dec_hidden."""
   target = count_params(reference)
   sized = lambda d: cfg.replace(rnn=cfg.rnn.replace(dec_hidden=d))

@@ -116,8 +116,8 @@ class Transformer(nnx.Module):
   @property
   def longest_output(self) -> int | None:
     """The most tokens a search can emit: a learned target-position table ends at its length
-    (model.transformer.max_tgt_len; the model has seen no position past the training targets' anyway);
-    None for the unbounded encodings."""
+    (model.transformer.max_tgt_len; the model has seen no position past the training targets'
+    anyway); None for the unbounded encodings."""
     table = self.decoder.embedding.pos_params
     return None if table is None else int(table["table"].shape[0])
 

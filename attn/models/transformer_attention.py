@@ -192,7 +192,8 @@ class Attention(nnx.Module):
                              fused=fused, same_positions=same_positions)  # ctx [B, H, Tq, dh]
     if reweigh is not None:
       if w is None:
-        raise ValueError(f"model.transformer.{self.role_field}: an intervention on the attention weights "
+        raise ValueError(f"model.transformer.{self.role_field}: an intervention on the attention "
+                         "weights "
                          "needs them formed (not fused, banded or linear)")
       ctx = jnp.einsum("bhqk,bhkd->bhqd", reweigh(w), v.astype(w.dtype)).astype(ctx.dtype)
     H, dh, d = p["wo"].shape
