@@ -21,7 +21,7 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python launch.py --experiment=translate \
 	  --config=experiments/configs/translate.py:demo --workdir=workdirs/demo \
-	  --sweep=model.decoder=none,bahdanau
+	  --sweep=model.rnn.decoder=none,bahdanau
 	@echo "attention heatmap: workdirs/demo/decoder=bahdanau/attention.png"
 
 # The primitives demo: every score x normalizer learns associative recall (~20 s).

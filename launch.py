@@ -3,24 +3,25 @@ tabulate and plot the results.
 
     # one run
     python launch.py --experiment=translate --config=experiments/configs/translate.py:reverse \
-        --workdir=workdirs/rev --set=model.decoder=bahdanau
+        --workdir=workdirs/rev --set=model.rnn.decoder=bahdanau
     # a grid: every combination of the --sweep values, one subdirectory each, two at a time
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
-        --workdir=workdirs/demo --sweep=model.decoder=none,bahdanau \
-        --sweep=model.score=additive,general --parallel=2
+        --workdir=workdirs/demo --sweep=model.rnn.decoder=none,bahdanau \
+        --sweep=model.rnn.score=additive,general --parallel=2
     # each combination once per seed (run dirs decoder=none,seed=0 ...); the table: mean ± std
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
-        --workdir=workdirs/seeds --sweep=model.decoder=none,bahdanau --seeds=0,1,2
+        --workdir=workdirs/seeds --sweep=model.rnn.decoder=none,bahdanau --seeds=0,1,2
     # an ablation, one factor at a time from the preset's values (a `base` run, then each
     # listed value alone), three seeds each
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo_transformer \
-        --workdir=workdirs/ablate_heads --vary=model.num_heads=1,2,8 --seeds=0,1,2 --parallel=2
+        --workdir=workdirs/ablate_heads --vary=model.transformer.num_heads=1,2,8 --seeds=0,1,2 \
+        --parallel=2
     # the same as one Slurm job array; when it has ended, the same command with --collect
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
-        --workdir=workdirs/cluster --sweep=model.decoder=none,bahdanau --seeds=0,1,2 \
+        --workdir=workdirs/cluster --sweep=model.rnn.decoder=none,bahdanau --seeds=0,1,2 \
         --launcher=slurm --slurm_partition=gpu --slurm_time=01:00:00 --slurm_gpus=1
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
-        --workdir=workdirs/cluster --sweep=model.decoder=none,bahdanau --seeds=0,1,2 \
+        --workdir=workdirs/cluster --sweep=model.rnn.decoder=none,bahdanau --seeds=0,1,2 \
         --launcher=slurm --slurm_partition=gpu --slurm_time=01:00:00 --slurm_gpus=1 --collect
 
 Before anything runs, every combination's config is built exactly as the experiment will see it

@@ -124,6 +124,14 @@ class Variant:
   fusable: for normalizers and scopes, True when a computation that forms no weights loses
     nothing by not running this stage: the fused kernels (an online softmax over every key) and
     a full-attention scope's feature map stand in for the softmax normalizer and the global scope.
+  additive_keys: for scores, True when the prepared keys are a term added inside the score's
+    nonlinearity (additive: v^T tanh(W q + U k)), so another per-key term can join them
+    (coverage's w_c c_i, See et al. 2017).
+  all_pairs: for scopes, True when every unmasked query-key pair is scored and summed (what an
+    analytic count over the dense grid assumes).
+  at_positions: for scopes that restrict query i by its row index i, the registered scope doing
+    the same at explicit query positions (a cached decoding step has one row, at position t).
+  banded: for scopes, True when attn.banded computes the restriction without the [T, T] scores.
   """
   kind: str
   name: str
@@ -137,6 +145,10 @@ class Variant:
   cost: Callable[..., Any] | None = None
   positional: bool = False
   fusable: bool = False
+  additive_keys: bool = False
+  all_pairs: bool = False
+  at_positions: str | None = None
+  banded: bool = False
 
 
 VARIANTS: dict[str, Registry[Variant]] = {kind: Registry(kind) for kind in KINDS}
@@ -149,8 +161,9 @@ def _kind(kind: str) -> Registry[Variant]:
 
 
 def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
-             fused=None, cost=None, positional=False, fusable=False):
-  """Decorator registering the variant `fn` under `kind`/`name` (and aliases)."""
+             fused=None, cost=None, positional=False, fusable=False, **flags):
+  """Decorator registering the variant `fn` under `kind`/`name` (and aliases); `flags`: the
+  Variant's other boolean or name facts (additive_keys, all_pairs, at_positions, banded)."""
   reg = _kind(kind)
 
   def decorator(fn):
@@ -161,7 +174,7 @@ def register(kind: str, name: str, *, init=None, aliases=(), full_attention=Fals
     for n in (name, *aliases):
       reg.add(n, Variant(kind, n, fn, init, doc, full_attention,
                          alias_of=None if n == name else name, prepare=prepare, fused=fused,
-                         cost=cost, positional=positional, fusable=fusable))
+                         cost=cost, positional=positional, fusable=fusable, **flags))
     return fn
 
   return decorator

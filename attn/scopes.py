@@ -31,13 +31,13 @@ def _need(scope, option, value):
   return value
 
 
-@register("scope", "global", fusable=True)
+@register("scope", "global", fusable=True, all_pairs=True)
 def global_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
   """Global attention: every (unmasked) source position."""
   return mask, None
 
 
-@register("scope", "window")
+@register("scope", "window", at_positions="local_m", banded=True)
 def window_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
   """Sliding window: query i sees keys |j - i| <= half_width (self-attention locality)."""
   D = _need("window", "half_width", half_width)

@@ -139,7 +139,7 @@ def _additive_cost(dq, dk, d_attn=None):
 
 
 @register("score", "additive", init=init_additive, aliases=("concat",), prepare=additive_keys,
-          fused=additive_fused, cost=_additive_cost)
+          fused=additive_fused, cost=_additive_cost, additive_keys=True)
 def additive(params, q, kp):
   """Bahdanau additive (Luong concat): e_ij = v^T tanh(W q_i + U k_j + b); kp = U k from additive_keys.
 

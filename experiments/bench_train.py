@@ -2,7 +2,7 @@ r"""Training throughput of a seq2seq config on real batches, per compute dtype, 
 matmul ceiling of each dtype measured in the same run.
 
     python -m experiments.bench_train --config=experiments/configs/translate.py:multi30k \
-        --config.model.decoder=bahdanau --compute_dtypes=float32,bfloat16 --steps=20 --rounds=2
+        --config.model.rnn.decoder=bahdanau --compute_dtypes=float32,bfloat16 --steps=20 --rounds=2
 
 Compiles every bucket shape first, runs the batches once untimed, then times the same --steps
 training batches per dtype, round-robin over the dtypes (--rounds), with the load average and

@@ -3,7 +3,7 @@ analysis, nothing is run): long sources are truncated at data.max_src_len, and w
 costs should grow linearly in it.
 
     python -m experiments.source_length_memory --config=experiments/configs/summarize.py:aeslc \
-        --config.model.pointer=True --config.model.coverage=True --lengths=100,200,400,800
+        --config.model.rnn.pointer=True --config.model.rnn.coverage=True --lengths=100,200,400,800
 
 For each source width Ts: XLA's temporary buffers of the jitted train step (activations kept for
 the backward pass, the attention weights [B, Tt, Ts], the extended distribution's copy terms)
@@ -53,7 +53,7 @@ def step_memory(config, src_width: int):
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   batch = {"src": i32(B, src_width), "src_lengths": i32(B), "tgt": i32(B, Tt),
            "tgt_lengths": i32(B)}
-  if mc.pointer:
+  if mc.rnn.pointer:
     batch.update(src_ext=i32(B, src_width), tgt_ext=i32(B, Tt))
   step = jitted(train_step, task, graphdef, label_smoothing=0.0)
   return harness.memory(harness.compile(step, state, batch, jax.random.PRNGKey(0)))

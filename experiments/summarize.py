@@ -2,10 +2,10 @@ r"""Train and evaluate a summarization model: seq2seq with attention, the pointe
 coverage (See et al. 2017).
 
     python -m experiments.summarize --config=experiments/configs/summarize.py:aeslc \
-        --config.model.pointer=True --workdir=workdirs/aeslc_pg
+        --config.model.rnn.pointer=True --workdir=workdirs/aeslc_pg
     # coverage for a last phase: the same workdir, coverage on, more steps
     python -m experiments.summarize --config=experiments/configs/summarize.py:aeslc \
-        --config.model.pointer=True --config.model.coverage=True \
+        --config.model.rnn.pointer=True --config.model.rnn.coverage=True \
         --config.train.steps=22000 --workdir=workdirs/aeslc_pg
 
 Data: `data.dir` holds `<split>.jsonl[.gz]` with the fields `data.source_field` (email) and

@@ -1,7 +1,8 @@
 r"""Train and evaluate a seq2seq model with or without attention.
 
     python -m experiments.translate --config=experiments/configs/translate.py:multi30k \
-        --config.model.decoder=bahdanau --config.model.score=additive --workdir=workdirs/m30k
+        --config.model.rnn.decoder=bahdanau --config.model.rnn.score=additive \
+        --workdir=workdirs/m30k
 
 Several devices: every local device goes on the data axis (`--config.train.mesh_shape` picks
 another mesh). Several hosts: `--distributed=auto` inside a Slurm job or on a Cloud TPU pod, or

@@ -4,6 +4,7 @@ import pytest
 
 from attn import training
 from experiments.configs import translate as translate_config
+from experiments.configs import use_arch
 
 
 @pytest.fixture(scope="session")
@@ -12,7 +13,7 @@ def smoke_bahdanau_workdir(tmp_path_factory):
   read by the diagnosis and notebook tests (which must not modify its checkpoints)."""
   workdir = str(tmp_path_factory.mktemp("smoke_bahdanau"))
   config = translate_config.get_config("smoke")
-  config.model.decoder = "bahdanau"
+  config.model.rnn.decoder = "bahdanau"
   config.data.num_buckets = 1  # one batch shape: one compilation of each function downstream
   training.train_and_evaluate(config, workdir)
   return workdir
@@ -24,8 +25,8 @@ def smoke_transformer_workdir(tmp_path_factory):
   per-head attention differ), trained once per session; read by the viewer and diagnosis tests."""
   workdir = str(tmp_path_factory.mktemp("smoke_transformer"))
   config = translate_config.get_config("smoke")
-  config.model.update(dict(arch="transformer", d_model=16, num_heads=2, d_ff=32, enc_layers=1,
-                           dec_layers=2))
+  use_arch(config, "transformer", d_model=16, num_heads=2, d_ff=32)
+  config.model.update(dict(enc_layers=1, dec_layers=2))
   config.data.num_buckets = 1
   training.train_and_evaluate(config, workdir)
   return workdir

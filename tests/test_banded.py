@@ -9,8 +9,8 @@ from flax import nnx
 
 import attn
 from attn import banded, core
-from attn.models import ModelConfig, transformer
-from attn.models.config import AttentionRole
+from attn.models import ModelConfig, transformer_attention
+from attn.models.config import AttentionRole, TransformerConfig
 
 SCORES = [s for s in attn.canonical_names("score") if banded.banded_unsupported(s) is None]
 NORMALIZERS = attn.canonical_names("normalizer")
@@ -172,17 +172,19 @@ def test_the_transformer_routes_window_self_attention_through_the_band(monkeypat
   and give the masked path's output and gradients; a window cross-attention (whose weights are
   read) stays masked, also when the source and target lengths agree."""
   window = lambda **kw: AttentionRole(scope="window", **kw)
-  cfg = ModelConfig(src_vocab=13, tgt_vocab=11, arch="transformer", d_model=8, num_heads=2,
-                    d_ff=12, enc_layers=1, dec_layers=1, dropout=0.0, max_src_len=9,
-                    max_tgt_len=9, enc_self=window(half_width=2),
-                    dec_self=window(half_width=1, normalizer="sparsemax"),
-                    cross=window(half_width=3))
+  cfg = ModelConfig(src_vocab=13, tgt_vocab=11, arch="transformer", enc_layers=1, dec_layers=1,
+                    dropout=0.0, max_src_len=9, transformer=TransformerConfig(
+                        d_model=8, num_heads=2, d_ff=12, max_tgt_len=9,
+                        enc_self=window(half_width=2),
+                        dec_self=window(half_width=1, normalizer="sparsemax"),
+                        cross=window(half_width=3)))
   rng = np.random.default_rng(0)
   x, r = (jnp.asarray(rng.normal(size=(2, 7, 8)), jnp.float32) for _ in range(2))
   positions, lengths = jnp.arange(7)[None], jnp.array([7, 4])
   roles = {"enc_self": False, "dec_self": True, "cross": False}  # field: causal
-  layers = {f: nnx.split(transformer.Attention(cfg, f, rngs=nnx.Rngs(0), compute_dtype="float32"),
-                         nnx.Param, ...) for f in roles}
+  attention = lambda f: transformer_attention.Attention(cfg, f, rngs=nnx.Rngs(0),
+                                                        compute_dtype="float32")
+  layers = {f: nnx.split(attention(f), nnx.Param, ...) for f in roles}
 
   def loss(field, params):
     """<out, r> and (out, weights) of the role's attention of x over itself, called as its

@@ -17,7 +17,8 @@ from scipy import stats
 from attn import training
 from attn.errors import ConfigError
 from attn.inspection import diagnosis, diagnosis_report, interventions, measures
-from attn.models import ModelConfig, build_model
+from attn.models import build_model
+from model_configs import model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -189,8 +190,8 @@ def test_output_divergences_against_numpy():
 @pytest.fixture(scope="module")
 def tiny():
   """An untrained tiny Bahdanau model and a batch with padding (Ts=6, Tt=5: all sizes differ)."""
-  mc = ModelConfig(src_vocab=11, tgt_vocab=13, emb_dim=4, enc_hidden=5, dec_hidden=7, d_attn=3,
-                   decoder="bahdanau")
+  mc = model_config(src_vocab=11, tgt_vocab=13, emb_dim=4, enc_hidden=5, dec_hidden=7, d_attn=3,
+                    decoder="bahdanau")
   model = build_model(mc, seed=1)
   batch = {"src": jnp.array([[4, 5, 6, 7, 8, 2], [9, 4, 2, 0, 0, 0]]),
            "src_lengths": jnp.array([6, 3]),
@@ -338,15 +339,16 @@ def test_a_run_without_attention_or_results_is_one_error_line(smoke_run, tmp_pat
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error:"), proc.stderr[-2000:]
   assert "not a finished run" in proc.stderr and "Traceback" not in proc.stderr
   import dataclasses  # pylint: disable=import-outside-toplevel
-  no_attention = dataclasses.replace(smoke_run, mc=smoke_run.mc.replace(decoder="none"))
+  no_attention = dataclasses.replace(smoke_run,
+                                     mc=smoke_run.mc.replace_paths({"rnn.decoder": "none"}))
   with pytest.raises(diagnosis.DiagnosisError, match="no attention"):
     diagnosis.diagnose(no_attention)
 
 
 def test_a_fused_model_is_diagnosed_through_its_unfused_twin():
   import types  # pylint: disable=import-outside-toplevel
-  mc = ModelConfig(src_vocab=11, tgt_vocab=13, emb_dim=4, enc_hidden=5, dec_hidden=8,
-                   decoder="luong", score="dot", input_feeding=False, fused=True)
+  mc = model_config(src_vocab=11, tgt_vocab=13, emb_dim=4, enc_hidden=5, dec_hidden=8,
+                    decoder="luong", score="dot", input_feeding=False, fused=True)
   task = training.get_task("translate")
   model = task.build_model(mc, seed=1)
   twin = diagnosis.analysis_model(types.SimpleNamespace(mc=mc, model=model, task=task, workdir="w"))
@@ -364,9 +366,9 @@ def test_a_fused_model_is_diagnosed_through_its_unfused_twin():
 @pytest.fixture(scope="module")
 def tiny_transformer():
   """An untrained Transformer (2 decoder layers x 2 heads, dot score) and a padded batch."""
-  mc = ModelConfig(src_vocab=11, tgt_vocab=13, arch="transformer", d_model=8, num_heads=2,
-                   d_ff=12, enc_layers=1, dec_layers=2, dropout=0.0, max_src_len=8,
-                   max_tgt_len=8)
+  mc = model_config(src_vocab=11, tgt_vocab=13, arch="transformer", d_model=8, num_heads=2,
+                    d_ff=12, enc_layers=1, dec_layers=2, dropout=0.0, max_src_len=8,
+                    max_tgt_len=8)
   batch = {"src": jnp.array([[4, 5, 6, 7, 8, 2], [9, 4, 2, 0, 0, 0]]),
            "src_lengths": jnp.array([6, 3]),
            "tgt": jnp.array([[8, 7, 6, 5, 2], [4, 9, 2, 0, 0]]),

@@ -54,13 +54,13 @@ def test_vary_is_one_factor_at_a_time_from_a_shared_base():
 
 def test_bad_axis_is_a_config_error():
   with pytest.raises(ConfigError, match="key=value"):
-    sweeps.parse_axis("model.decoder")
+    sweeps.parse_axis("model.rnn.decoder")
 
 
 def test_command_passes_overrides_as_config_flags():
-  cmd = sweeps.command("translate", "c.py:demo", "/w/x", [("model.decoder", "none")])
+  cmd = sweeps.command("translate", "c.py:demo", "/w/x", [("model.rnn.decoder", "none")])
   assert cmd[1:] == ["-m", "experiments.translate", "--workdir=/w/x", "--config=c.py:demo",
-                     "--config.model.decoder=none"]
+                     "--config.model.rnn.decoder=none"]
 
 
 def test_table_marks_failed_runs():
@@ -122,13 +122,13 @@ def sweep(workdir, *args, capsys=None):
 
 
 def test_rerun_skips_finished_runs_and_records_the_command(tmp_path, fake, capsys):
-  assert sweep(tmp_path, "--sweep=model.decoder=none,luong", "--set=model.score=dot") == 0
+  assert sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--set=model.rnn.score=dot") == 0
   assert fake.calls == ["decoder=none", "decoder=luong"]
   rec = json.loads((tmp_path / "decoder=luong" / "launch.json").read_text())
-  assert rec["overrides"] == {"model.score": "dot", "model.decoder": "luong"}
-  assert rec["exit_code"] == 0 and "--config.model.decoder=luong" in rec["command"]
+  assert rec["overrides"] == {"model.rnn.score": "dot", "model.rnn.decoder": "luong"}
+  assert rec["exit_code"] == 0 and "--config.model.rnn.decoder=luong" in rec["command"]
   capsys.readouterr()
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", "--set=model.score=dot",
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--set=model.rnn.score=dot",
                      capsys=capsys)
   assert rc == 0 and fake.calls == ["decoder=none", "decoder=luong"]  # nothing ran again
   assert out.count("finished before") == 2
@@ -136,16 +136,16 @@ def test_rerun_skips_finished_runs_and_records_the_command(tmp_path, fake, capsy
 
 def test_rerun_with_other_overrides_is_refused_not_reused(tmp_path, fake, capsys):
   # Before: the changed --set ran nothing and printed the old numbers under the new command.
-  assert sweep(tmp_path, "--sweep=model.decoder=none,luong", "--set=model.score=dot") == 0
+  assert sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--set=model.rnn.score=dot") == 0
   before = (tmp_path / "decoder=none" / "results.json").read_text()
   capsys.readouterr()
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong,bahdanau",
-                     "--set=model.score=general", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong,bahdanau",
+                     "--set=model.rnn.score=general", capsys=capsys)
   assert rc == 1
   assert fake.calls == ["decoder=none", "decoder=luong", "decoder=bahdanau"]  # the new one ran
   refused = [l for l in out.splitlines() if "refused" in l]
   assert len(refused) == 2
-  assert all("model.score: dot -> general" in l and "new --workdir" in l for l in refused)
+  assert all("model.rnn.score: dot -> general" in l and "new --workdir" in l for l in refused)
   assert "| decoder=none | failed" in out and "| decoder=luong | failed" in out
   assert "| decoder=bahdanau | 1.000" in out
   assert (tmp_path / "decoder=none" / "results.json").read_text() == before  # not clobbered
@@ -154,7 +154,7 @@ def test_rerun_with_other_overrides_is_refused_not_reused(tmp_path, fake, capsys
 def test_a_run_dir_launch_did_not_start_is_refused(tmp_path, fake, capsys):
   (tmp_path / "decoder=none").mkdir()
   (tmp_path / "decoder=none" / "results.json").write_text('{"bleu": 9.0}')
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", capsys=capsys)
   assert rc == 1 and fake.calls == ["decoder=luong"]
   assert "decoder=none: refused" in out and "no launch.json" in out
 
@@ -162,24 +162,24 @@ def test_a_run_dir_launch_did_not_start_is_refused(tmp_path, fake, capsys):
 def test_a_run_that_exits_non_zero_is_failed_even_with_results_json(tmp_path, fake, capsys):
   # Before: it crashed after writing results.json and the table showed it as a success, exit 0.
   fake.outcome["decoder=luong"] = (1, json.dumps({"bleu": 5.0}))
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", capsys=capsys)
   assert rc == 1
   assert "decoder=luong: failed (exit status 1)" in out and "| decoder=luong | failed" in out
   assert "| decoder=none | 1.000" in out
   del fake.outcome["decoder=luong"]
-  assert sweep(tmp_path, "--sweep=model.decoder=none,luong") == 0  # the failed one runs again
+  assert sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong") == 0  # the failed one runs again
   assert fake.calls == ["decoder=none", "decoder=luong", "decoder=luong"]
 
 
 @pytest.mark.parametrize("after", ["fixed", "still_truncated"])
 def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys, after):
   # Before: json.load raised JSONDecodeError and the whole sweep ended with a traceback.
-  assert sweep(tmp_path, "--sweep=model.decoder=none,luong") == 0
+  assert sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong") == 0
   (tmp_path / "decoder=luong" / "results.json").write_text('{"bleu": 1.')
   if after == "still_truncated":
     fake.outcome["decoder=luong"] = (0, '{"bleu": 1.')
   capsys.readouterr()
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", capsys=capsys)
   assert fake.calls == ["decoder=none", "decoder=luong", "decoder=luong"]
   assert re.search(r"decoder=luong: .*results\.json is unreadable .*: not finished; running it "
                    r"again", out)
@@ -190,13 +190,16 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--sweep=model.decoder=none,bahdanau", "--sweep=model.score=additive,dot"],
-     r"^error: decoder=bahdanau,score=dot: model\.score='dot' does not fit decoder 'bahdanau'"),
-    (["--set=model.decodr=none"],
-     r"^error: --config\.model\.decodr: the config has no such field \(Did you mean \"decoder\""),
-    (["--sweep=model.decoder=none,bahdanu"],
-     r"^error: decoder=bahdanu: unknown model\.decoder 'bahdanu'"),
-    (["--set=model.emb_dim=big"], r"^error: flag --config\.model\.emb_dim=big: invalid literal"),
+    (["--sweep=model.rnn.decoder=none,bahdanau", "--sweep=model.rnn.score=additive,dot"],
+     r"^error: decoder=bahdanau,score=dot: model\.rnn\.score='dot' does not fit decoder "
+     r"'bahdanau'"),
+    (["--set=model.rnn.decodr=none"],
+     r"^error: --config\.model\.rnn\.decodr: the config has no such field \(Did you mean "
+     r"\"decoder\""),
+    (["--sweep=model.rnn.decoder=none,bahdanu"],
+     r"^error: decoder=bahdanu: unknown model\.rnn\.decoder 'bahdanu'; known: bahdanau"),
+    (["--set=model.rnn.emb_dim=big"],
+     r"^error: flag --config\.model\.rnn\.emb_dim=big: invalid literal"),
     (["--set=train.steps=0"], r"^error: train\.steps=0 must be >= 1"),
 ])
 @pytest.mark.parametrize("dry_run", [False, True])
@@ -271,8 +274,8 @@ def test_docstring_examples_are_valid_configs(monkeypatch):
 
 def test_a_sweep_runs_each_combination_and_writes_table_and_plot(tmp_path):
   cmd = [sys.executable, "launch.py", "--experiment=translate", SMOKE, f"--workdir={tmp_path}",
-         "--sweep=model.decoder=none,luong"]
-  p = subprocess.run(cmd + ["--set=model.score=dot"], cwd=REPO, capture_output=True, text=True,
+         "--sweep=model.rnn.decoder=none,luong"]
+  p = subprocess.run(cmd + ["--set=model.rnn.score=dot"], cwd=REPO, capture_output=True, text=True,
                      timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   for name in ("decoder=none", "decoder=luong"):
@@ -283,10 +286,10 @@ def test_a_sweep_runs_each_combination_and_writes_table_and_plot(tmp_path):
   assert "| decoder=none |" in md and "| decoder=luong |" in md
   assert (tmp_path / "results.png").stat().st_size > 1000
   # The same sweep with another --set trains nothing: both runs are refused, exit 1.
-  p = subprocess.run(cmd + ["--set=model.score=general"], cwd=REPO, capture_output=True,
+  p = subprocess.run(cmd + ["--set=model.rnn.score=general"], cwd=REPO, capture_output=True,
                      text=True, timeout=600)
   assert p.returncode == 1, p.stderr[-3000:]
-  assert p.stdout.count("model.score: dot -> general") == 2 and "Traceback" not in p.stderr
+  assert p.stdout.count("model.rnn.score: dot -> general") == 2 and "Traceback" not in p.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +300,7 @@ def test_parallel_runs_n_at_once_logs_each_run_and_tabulates_in_grid_order(tmp_p
                                                                            capsys):
   fake.delay = {"decoder=none": 0.8, "decoder=luong": 0.2, "decoder=bahdanau": 0.2}
   fake.outcome["decoder=bahdanau"] = (3, None)
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong,bahdanau", "--parallel=2",
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong,bahdanau", "--parallel=2",
                      capsys=capsys)
   assert rc == 1 and fake.peak == 2 and sorted(fake.calls) == ["decoder=bahdanau",
                                                                "decoder=luong", "decoder=none"]
@@ -336,7 +339,7 @@ def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
   for seed in (0, 1):
     fake.outcome[f"decoder=luong,seed={seed}"] = (0, json.dumps({"bleu": 4.0, "params": 12}))
   fake.outcome["decoder=luong,seed=2"] = (1, None)
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", "--seeds=0,1,2",
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--seeds=0,1,2",
                      "--metrics=bleu,params", capsys=capsys)
   assert rc == 1 and len(fake.calls) == 6
   md = (tmp_path / "results.md").read_text()
@@ -346,10 +349,10 @@ def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
   assert "| decoder=none,seed=1 | 2.000 | 10 |" in md  # the per-seed table
   assert "| decoder=luong,seed=2 | failed | failed |" in md
   rec = json.loads((tmp_path / "decoder=none,seed=1" / "launch.json").read_text())
-  assert rec["overrides"] == {"model.decoder": "none", "train.seed": "1"}
+  assert rec["overrides"] == {"model.rnn.decoder": "none", "train.seed": "1"}
   assert (tmp_path / "results.png").stat().st_size > 1000
   assert report.bars([(r, *rundirs.status(r)) for r in sweeps.plan(
-      "translate", SMOKE[len("--config="):], str(tmp_path), [], ["model.decoder=none,luong"],
+      "translate", SMOKE[len("--config="):], str(tmp_path), [], ["model.rnn.decoder=none,luong"],
       [0, 1, 2])], "bleu", [0, 1, 2]) == [("decoder=none", 2.0, 1.0), ("decoder=luong", 4.0, 0.0)]
 
 
@@ -432,7 +435,7 @@ def test_slurm_submits_unfinished_runs_as_one_array_and_collect_tabulates(tmp_pa
   calls = fake_sbatch(tmp_path / "bin")
   monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
   wd = tmp_path / "sweep"
-  args = ["--sweep=model.decoder=none,luong", *SLURM]
+  args = ["--sweep=model.rnn.decoder=none,luong", *SLURM]
   rc, out, _ = sweep(wd, *args, capsys=capsys)
   assert rc == 0 and fake.calls == []  # nothing ran here
   assert "submitted 2 runs as Slurm job 12345" in out
@@ -451,7 +454,7 @@ def test_slurm_submits_unfinished_runs_as_one_array_and_collect_tabulates(tmp_pa
   assert [array_task(call["script"], i) for i in (0, 1)] == [str(wd / "decoder=none"),
                                                            str(wd / "decoder=luong")]
   rec = json.loads((wd / "decoder=luong" / "launch.json").read_text())
-  assert rec["overrides"] == {"model.decoder": "luong"} and rec["exit_code"] is None
+  assert rec["overrides"] == {"model.rnn.decoder": "luong"} and rec["exit_code"] is None
   assert rec["slurm_job"] == "12345_1" and rec["slurm_log"] == f"{wd}/slurm/12345_1.out"
 
   # Task 1 runs on a node: the command recorded in its run directory, and its exit status.
@@ -485,13 +488,14 @@ def test_slurm_refuses_run_dirs_recorded_with_other_overrides(tmp_path, fake, ca
                                                               monkeypatch):
   calls = fake_sbatch(tmp_path / "bin")
   monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-  assert sweep(tmp_path, "--sweep=model.decoder=none,luong", "--set=model.score=dot") == 0
+  assert sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--set=model.rnn.score=dot") == 0
   before = (tmp_path / "decoder=none" / "launch.json").read_text()
   capsys.readouterr()
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong,bahdanau",
-                     "--set=model.score=general", "--launcher=slurm", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong,bahdanau",
+                     "--set=model.rnn.score=general", "--launcher=slurm", capsys=capsys)
   assert rc == 1
-  assert sum("refused" in l and "model.score: dot -> general" in l for l in out.splitlines()) == 2
+  assert sum("refused" in l and "model.rnn.score: dot -> general" in l
+             for l in out.splitlines()) == 2
   (call,) = calls()
   assert "#SBATCH --array=0-0\n" in call["script"]  # no --parallel: no limit
   assert array_task(call["script"], 0) == str(tmp_path / "decoder=bahdanau")
@@ -508,7 +512,7 @@ def test_slurm_submission_problems_are_one_line(tmp_path, fake, capsys, monkeypa
   monkeypatch.setenv("PATH", str(tmp_path / ("bin" if problem == "sbatch_fails" else "empty")))
   with pytest.raises(SystemExit) as exit_:
     launch.main(launch.parse_args(["launch.py", SMOKE, f"--workdir={tmp_path / 'w'}",
-                                   "--sweep=model.decoder=none,luong", "--launcher=slurm"]))
+                                   "--sweep=model.rnn.decoder=none,luong", "--launcher=slurm"]))
   assert exit_.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -520,7 +524,7 @@ def test_slurm_submission_problems_are_one_line(tmp_path, fake, capsys, monkeypa
 
 
 def test_collect_without_a_launch_lists_runs_not_started(tmp_path, fake, capsys):
-  rc, out, _ = sweep(tmp_path, "--sweep=model.decoder=none,luong", "--collect", capsys=capsys)
+  rc, out, _ = sweep(tmp_path, "--sweep=model.rnn.decoder=none,luong", "--collect", capsys=capsys)
   assert rc == 1 and fake.calls == []
   assert "[1/2] decoder=none: not started" in out and "| decoder=luong | pending |" in out
 
@@ -532,7 +536,7 @@ def test_slurm_array_end_to_end_with_a_fake_sbatch(tmp_path, capsys, monkeypatch
   monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
   monkeypatch.chdir(REPO)
   wd = tmp_path / "cluster"
-  args = ["--sweep=model.decoder=none", "--set=data.num_buckets=1", "--seeds=1",
+  args = ["--sweep=model.rnn.decoder=none", "--set=data.num_buckets=1", "--seeds=1",
           "--launcher=slurm", "--slurm_time=00:10:00"]
   rc, out, err = sweep(wd, *args, capsys=capsys)
   assert rc == 0 and "as Slurm job 12345" in out, err

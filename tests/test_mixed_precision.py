@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 
 from attn import precision
-from attn.models import ModelConfig, build_model, cost, sequence_loss
+from attn.models import build_model, cost, sequence_loss
+from model_configs import model_config
 from attn.training import get_task, train_step
 
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
@@ -27,7 +28,9 @@ SIZES = dict(src_vocab=23, tgt_vocab=19, emb_dim=8, enc_hidden=12, dec_hidden=10
 
 
 def _cfg(**kw):
-  return ModelConfig(**{**SIZES, **kw})
+  """The RNN at SIZES; a Transformer (arch="transformer") keeps the vocabularies and dropout."""
+  sizes = SIZES if kw.get("arch", "rnn") == "rnn" else dict(src_vocab=23, tgt_vocab=19, dropout=0.0)
+  return model_config(**{**sizes, **kw})
 
 
 def _batch(B=3, Ts=7, Tt=6, src_lengths=(7, 5, 2), tgt_lengths=(6, 4, 3), seed=0):
@@ -112,11 +115,11 @@ def test_bfloat16_train_step_runs_its_matmuls_in_bfloat16():
     return any(m.lhs.shape[-1] == K and m.rhs.shape == (K, N) and bool(m.in_scan) == in_scan
                for m in low)
 
-  D, V, E, He = cfg.dec_hidden, cfg.tgt_vocab, cfg.emb_dim, cfg.enc_out_dim
+  D, V, E, He = cfg.rnn.dec_hidden, cfg.tgt_vocab, cfg.rnn.emb_dim, cfg.rnn.enc_out_dim
   assert has(D, V, in_scan=False)  # the output layer, all steps at once
   assert has(D + He + E, D, in_scan=False)  # the deep-output readout
   assert has(E + He, 3 * D, in_scan=True) and has(D, 3 * D, in_scan=True)  # decoder GRU
-  assert has(E, 3 * cfg.enc_hidden, in_scan=True)  # encoder GRU
+  assert has(E, 3 * cfg.rnn.enc_hidden, in_scan=True)  # encoder GRU
   # Forward and both backward products of the layers: all but the attention primitives'
   # own small projections (attn.scores) run in bfloat16.
   assert sum(m.flops for m in low) > 0.8 * sum(m.flops for m in dots)
@@ -166,13 +169,14 @@ def test_analytic_transformer_flop_count_matches_the_traced_train_step(score):
   counted = cost.jaxpr_flops(step, state, batch, jax.random.PRNGKey(0))
   if score == "additive":  # its per-pair add and tanh (2 d_attn) are counted, but are no matmul
     pairs = cfg.enc_layers * Ts * Ts + cfg.dec_layers * (Tt * Tt + Tt * Ts)
-    counted += 3 * B * pairs * cfg.num_heads * 2 * (cfg.d_model // cfg.num_heads)
+    counted += 3 * B * pairs * cfg.transformer.num_heads * 2 * cfg.transformer.d_head
   assert cost.train_step_flops(cfg, B, Ts, Tt) == counted
   # The output layer reads d_model (not the recurrent decoder's dec_hidden): fwd + 2x bwd.
   assert cost.output_layer_flops(cfg, B, Tt) == 3 * 2 * B * Tt * 12 * SIZES["tgt_vocab"]
   with pytest.raises(ValueError, match="enc_self.scope='window'"):
-    cost.train_step_flops(cfg.replace(enc_self=AttentionRole(scope="window", half_width=2)),
-                          B, Ts, Tt)
+    windowed = cfg.replace_paths({"transformer.enc_self": AttentionRole(scope="window",
+                                                                        half_width=2)})
+    cost.train_step_flops(windowed, B, Ts, Tt)
 
 
 def test_jaxpr_matmuls_multiplies_scan_bodies_and_refuses_while_loops():

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn.models import ModelConfig, build_model, count_params, match_param_count
+from attn.models import ModelConfig, RNNConfig, build_model, count_params, match_param_count
+from attn.models.config import SECTION_OF
 
 V_SRC, V_TGT = 23, 19
 VARIANTS = {
@@ -26,9 +27,12 @@ VARIANTS = {
 
 
 def _cfg(**kw):
+  """A ModelConfig of the RNN; `kw` names shared and model.rnn fields alike."""
   base = dict(src_vocab=V_SRC, tgt_vocab=V_TGT, emb_dim=8, enc_hidden=6, dec_hidden=10, d_attn=7,
               max_src_len=16, dropout=0.0)
-  return ModelConfig(**(base | kw))
+  kw = base | kw
+  rnn = {k: kw.pop(k) for k in list(kw) if SECTION_OF.get(k) == "rnn"}
+  return ModelConfig(**kw, rnn=RNNConfig(**rnn))
 
 
 def _batch(B=3, Ts=9, Tt=6, src_lengths=(9, 5, 1), tgt_lengths=(6, 3, 2), seed=0):
@@ -98,14 +102,14 @@ def test_no_attention_model_can_be_sized_to_an_attention_models_budget():
   ref = _cfg(decoder="bahdanau", d_attn=32)
   matched = match_param_count(_cfg(decoder="none"), ref)
   n, n_ref = count_params(matched), count_params(ref)
-  step = count_params(matched.replace(dec_hidden=matched.dec_hidden + 1)) - n
+  step = count_params(matched.replace_paths({"rnn.dec_hidden": matched.rnn.dec_hidden + 1})) - n
   assert abs(n - n_ref) <= step  # as close as one hidden unit allows
   assert count_params(build_model(matched)) == n
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(decoder="transformer"), "known: bahdanau, luong, none"),
-    (dict(score="cosine"), "unknown model.score .cosine.; known: additive"),
+    (dict(score="cosine"), "unknown model.rnn.score .cosine.; known: additive"),
     (dict(fused=True, decoder="bahdanau"), "fused=True"),
     (dict(dropout=1.0), "dropout"),
 ])
@@ -207,7 +211,7 @@ def test_teacher_forcing_along_the_search_output_replays_its_attention(name, bea
   np.testing.assert_allclose(np.where(valid, att.weights, 0), out.weights, atol=1e-5)
   e = np.asarray(att.scores)
   again = core.normalize(jnp.where(np.isfinite(e), e, 0.0), jnp.asarray(np.isfinite(e)),
-                         kind=cfg.normalizer, temperature=cfg.temperature)
+                         kind=cfg.rnn.normalizer, temperature=cfg.rnn.temperature)
   np.testing.assert_allclose(again, att.weights, atol=1e-5)
 
 

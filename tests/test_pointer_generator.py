@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn.models import ModelConfig, build_model, copying
+from attn.models import build_model, copying
+from model_configs import model_config
 from attn.training.summarization import SummarizationTask, repeated_ngram_rate
 
 V = 11
@@ -81,8 +82,8 @@ def test_coverage_loss_hand_computed():
 
 
 def _model(pointer=False, coverage=False, seed=0):
-  cfg = ModelConfig(src_vocab=V, tgt_vocab=V, emb_dim=8, enc_hidden=6, dec_hidden=10, d_attn=7,
-                    dropout=0.0, pointer=pointer, coverage=coverage)
+  cfg = model_config(src_vocab=V, tgt_vocab=V, emb_dim=8, enc_hidden=6, dec_hidden=10, d_attn=7,
+                     dropout=0.0, pointer=pointer, coverage=coverage)
   model = build_model(cfg, seed=seed)
   if coverage:  # zero at initialization (a switch-on changes nothing); make it matter here
     model.decoder.w_cov[...] = jax.random.normal(jax.random.PRNGKey(seed + 7), (7,)) * 3
@@ -105,7 +106,7 @@ def _stepped(model, batch):
   state = model.initial_decode_state(batch["src"], batch["src_lengths"], batch.get("src_ext"))
   step = model.step_fn()
   y = jnp.ones((2,), jnp.int32)  # BOS
-  gold = batch["tgt_ext"] if model.cfg.pointer else batch["tgt"]
+  gold = batch["tgt_ext"] if model.cfg.rnn.pointer else batch["tgt"]
   logps, ws = [], []
   for t in range(gold.shape[1]):
     state, logp, w, *_ = step(state, y)
@@ -158,12 +159,12 @@ def test_coverage_enters_the_score():
 
 def test_copying_needs_an_attention_decoder():
   from attn.errors import ConfigError
-  with pytest.raises(ConfigError, match="model.pointer=True needs an attention decoder"):
-    ModelConfig(src_vocab=V, tgt_vocab=V, decoder="none", pointer=True)
-  with pytest.raises(ConfigError, match="model.coverage=True: .*score='additive'"):
-    ModelConfig(src_vocab=V, tgt_vocab=V, score="general", coverage=True)
-  with pytest.raises(ConfigError, match="model.coverage=True: decoder 'luong'"):
-    ModelConfig(src_vocab=V, tgt_vocab=V, decoder="luong", score="additive", coverage=True)
+  with pytest.raises(ConfigError, match="model.rnn.pointer=True needs an attention decoder"):
+    model_config(src_vocab=V, tgt_vocab=V, decoder="none", pointer=True)
+  with pytest.raises(ConfigError, match="model.rnn.coverage=True: .*score='additive'"):
+    model_config(src_vocab=V, tgt_vocab=V, score="general", coverage=True)
+  with pytest.raises(ConfigError, match="model.rnn.coverage=True: decoder 'luong'"):
+    model_config(src_vocab=V, tgt_vocab=V, decoder="luong", score="additive", coverage=True)
 
 
 def test_repeated_trigram_rate():

@@ -147,7 +147,7 @@ def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_
 def test_an_invalid_config_leaves_an_existing_workdir_untouched(tmp_path):
   training.train_and_evaluate(_tiny(), str(tmp_path))
   before = {n: (tmp_path / n).read_bytes() for n in ("config.json", "results.json", "model.json")}
-  for override in ("--config.train.eval_every=0", "--config.model.score=nope",
+  for override in ("--config.train.eval_every=0", "--config.model.rnn.score=nope",
                    "--config.data.too_long=sometimes"):
     p = _cli(SMOKE, f"--workdir={tmp_path}", override)
     assert p.returncode == 2, p.stderr[-2000:]
@@ -159,11 +159,12 @@ def test_resuming_with_another_model_is_refused_naming_the_fields(tmp_path):
   training.train_and_evaluate(_tiny(), str(tmp_path))
   config_json = (tmp_path / "config.json").read_bytes()
   other = _tiny()
-  other.model.dec_hidden = 24
-  other.model.cell = "lstm"
+  other.model.rnn.dec_hidden = 24
+  other.model.rnn.cell = "lstm"
   with pytest.raises(workdir_lib.WorkdirError) as e:
     training.train_and_evaluate(other, str(tmp_path))
-  assert "model.dec_hidden=16 there, 24 here" in str(e.value) and "model.cell" in str(e.value)
+  assert "model.rnn.dec_hidden=16 there, 24 here" in str(e.value)
+  assert "model.rnn.cell" in str(e.value)
   assert (tmp_path / "config.json").read_bytes() == config_json  # the record stays true
   longer = _tiny(steps=6)  # the same model trained further is a resume, not a conflict
   assert training.train_and_evaluate(longer, str(tmp_path))["step"] == 6
@@ -248,14 +249,17 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 # ------------------------------------------------------------------------------ one-line errors
 
 @pytest.mark.parametrize("args,expect", [
-    (["--config.model.decodr=none"], 'Did you mean "decoder"'),
+    (["--config.model.rnn.decodr=none"], 'Did you mean "decoder"'),
+    (["--config.model.decoder=none"], "it moved to model.rnn.decoder"),
+    (["--config.model.transformer.num_heads=8"], "model.transformer.num_heads=8 belongs to "
+                                                 "model.arch=transformer; model.arch=rnn reads"),
     (["--config=experiments/configs/translate.py:smok"], "unknown translate preset 'smok'"),
     (["--config=experiments/configs/translat.py:smoke"], "No such file"),
     (["--config.train.steps=many"], "config.train.steps"),
     (["--config.train.log_every=0"], "train.log_every=0"),
     (["--config.train.learning_rate=-0.01"], "learning_rate=-0.01"),
     (["--config.train.warmup_steps=-5"], "warmup_steps=-5"),
-    (["--config.model.score=dot"], "does not fit decoder 'bahdanau'"),
+    (["--config.model.rnn.score=dot"], "does not fit decoder 'bahdanau'"),
 ])
 def test_command_line_mistakes_are_one_line(tmp_path, args, expect):
   p = _cli(SMOKE, f"--workdir={tmp_path / 'wd'}", *args)

@@ -49,7 +49,7 @@ def _config(data_dir, pointer, **train):
   c.data.update(dict(task="jsonl", dir=str(data_dir), eval_split="dev", test_split="dev",
                      max_src_len=12, max_tgt_len=4, vocab_size=0, min_freq=2, batch_size=32,
                      num_buckets=1, num_threads=0))
-  c.model.update(dict(emb_dim=32, enc_hidden=32, dec_hidden=32, d_attn=32, pointer=pointer))
+  c.model.rnn.update(dict(emb_dim=32, enc_hidden=32, dec_hidden=32, d_attn=32, pointer=pointer))
   c.train.update(dict(dict(steps=250, learning_rate=1e-2, warmup_steps=20, eval_every=250,
                            checkpoint_every=250, log_every=250, beam_size=2,
                            eval_decode_sentences=40, block_repeat_ngram=0), **train))
@@ -95,9 +95,9 @@ def test_coverage_switched_on_when_resuming(code_runs):
   root, _, runs = code_runs
   wd = str(root / "pointer_True")
   c = _config(root / "data", True, steps=280, eval_every=280, checkpoint_every=280)
-  c.model.coverage = True
+  c.model.rnn.coverage = True
   res = training.train_and_evaluate(c, wd, task="summarize")
-  assert res["step"] == 280 and res["model_config"]["coverage"]
+  assert res["step"] == 280 and res["model_config"]["rnn"]["coverage"]
   assert res["best_step"] == 280  # decoded with the coverage model, not the earlier best
   with open(os.path.join(wd, "metrics.jsonl")) as f:
     train_steps = [r["step"] for r in map(json.loads, f) if r.get("split") == "train"]
@@ -105,10 +105,10 @@ def test_coverage_switched_on_when_resuming(code_runs):
   run = training.load_run(wd, task="summarize")
   assert run.model.decoder.w_cov is not None
   with open(os.path.join(wd, "model.json")) as f:
-    assert json.load(f)["coverage"] is True
+    assert json.load(f)["rnn"]["coverage"] is True
   # A model field other than the switchable ones still refuses the workdir.
-  c.model.emb_dim = 16
-  with pytest.raises(training.workdir.WorkdirError, match="model.emb_dim=32 there, 16 here"):
+  c.model.rnn.emb_dim = 16
+  with pytest.raises(training.workdir.WorkdirError, match="model.rnn.emb_dim=32 there, 16 here"):
     training.train_and_evaluate(c, wd, task="summarize")
 
 
@@ -140,8 +140,8 @@ def test_cnn_dailymail_through_the_pipeline_with_mock_data(tmp_path):
   c = summarize_configs.get_config("cnn_dailymail")
   c.data.update(dict(tfds_data_dir=str(tmp_path / "tfds"), max_src_len=24, max_tgt_len=8,
                      min_freq=1, vocab_size=300, batch_size=4, num_buckets=1, num_threads=0))
-  c.model.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, pointer=True,
-                      coverage=True))
+  c.model.rnn.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, pointer=True,
+                          coverage=True))
   c.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1, warmup_steps=1,
                       eval_decode_sentences=4, beam_size=2, min_decode_len=2, max_decode_len=6,
                       attention_samples=1))

@@ -14,6 +14,7 @@ from attn import training
 from attn import decoding as decode
 from attn.models import build_model
 from experiments.configs import translate as translate_config
+from experiments.configs import use_arch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +24,7 @@ def _tiny_config(**train_kw):
   c.data.task = "copy"
   c.data.update(dict(min_len=2, max_len=5, task_vocab_size=5, train_size=256, eval_size=32,
                      test_size=32, max_src_len=8, max_tgt_len=8, num_buckets=1, batch_size=32))
-  c.model.update(dict(emb_dim=16, enc_hidden=32, dec_hidden=32, d_attn=32))
+  c.model.rnn.update(dict(emb_dim=16, enc_hidden=32, dec_hidden=32, d_attn=32))
   c.train.update(dict(steps=250, learning_rate=1e-2, warmup_steps=10, eval_every=250,
                       checkpoint_every=250, log_every=50, eval_decode_sentences=32))
   c.train.update(train_kw)
@@ -39,7 +40,7 @@ def test_a_tiny_attention_model_learns_to_copy_exactly(tmp_path):
   assert results["params"] > 0 and results["tokens_per_sec"] > 0 and results["wall_s"] > 0
 
 
-TINY_TRANSFORMER = dict(arch="transformer", d_model=16, num_heads=2, d_ff=32)
+TINY_TRANSFORMER = dict(d_model=16, num_heads=2, d_ff=32)
 
 
 @pytest.mark.parametrize("arch", ["rnn", "transformer"])
@@ -47,7 +48,7 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
   cfg = _tiny_config(steps=8, checkpoint_every=4, eval_every=100, log_every=4)
   cfg.model.dropout = 0.3  # dropout keys must also follow the step, not the process
   if arch == "transformer":
-    cfg.model.update(TINY_TRANSFORMER)
+    use_arch(cfg, "transformer", **TINY_TRANSFORMER)
 
   def run_steps(workdir, stop_after=None, resume=False):
     run = training.setup(cfg, workdir)
@@ -76,9 +77,9 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
 
 
 def test_beam_size_one_equals_greedy_on_a_real_model():
-  from attn.models import ModelConfig
-  model = build_model(ModelConfig(src_vocab=11, tgt_vocab=9, emb_dim=8, enc_hidden=8,
-                                  dec_hidden=8, d_attn=8, dropout=0.0))
+  from attn.models import ModelConfig, RNNConfig
+  model = build_model(ModelConfig(src_vocab=11, tgt_vocab=9, dropout=0.0, rnn=RNNConfig(
+      emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8)))
   src = jax.numpy.asarray(np.random.default_rng(0).integers(4, 11, (3, 6)), "int32")
   lengths = jax.numpy.asarray([6, 4, 2], "int32")
   init = model.initial_decode_state(src, lengths)
@@ -96,7 +97,7 @@ def _cli(args, cwd=REPO):
 def test_translate_cli_writes_every_promised_file(tmp_path):
   wd = tmp_path / "wd"
   p = _cli(["--config=experiments/configs/translate.py:smoke", f"--workdir={wd}",
-            "--config.model.decoder=luong", "--config.model.score=general"])
+            "--config.model.rnn.decoder=luong", "--config.model.rnn.score=general"])
   assert p.returncode == 0, p.stderr[-3000:]
   for name in ("config.json", "metrics.jsonl", "predictions.txt", "results.json", "attention.npz",
                "attention.png", "checkpoints", "best"):
@@ -125,6 +126,21 @@ def test_translate_cli_writes_every_promised_file(tmp_path):
   out = run.task.decode(run.model, batch, max_len=max_len, search=run.tc.search())
   first = int(batch["example_id"][0])
   assert run.bundle.tgt_vocab.decode(np.asarray(out.tokens[0]).tolist()) == predictions[first]
+  # The records hold the settings that took effect: the shared ones and model.rnn, no Transformer.
+  written = json.loads((wd / "config.json").read_text())["model"]
+  assert written["rnn"]["decoder"] == "luong" and "transformer" not in written
+  assert results["model_config"]["rnn"]["score"] == "general"
+  assert "transformer" not in results["model_config"]
+  # A run written before the sections (every model field flat, the other architecture's too)
+  # still loads: its fields move into model.rnn, the Transformer's are dropped.
+  flat = {k: v for k, v in written.items() if k != "rnn"} | written["rnn"] | {"d_model": 512}
+  (wd / "config.json").write_text(json.dumps({**json.loads((wd / "config.json").read_text()),
+                                              "model": flat}))
+  (wd / "model.json").write_text(json.dumps(flat))
+  old = training.load_run(str(wd))
+  assert old.mc == run.mc
+  again = old.task.decode(old.model, batch, max_len=max_len, search=old.tc.search())
+  np.testing.assert_array_equal(again.tokens, out.tokens)
 
 
 def test_load_run_names_what_is_missing(tmp_path):

@@ -14,8 +14,8 @@ from attn.config import configurable
 from attn import decoding as decode_lib
 from attn.errors import ConfigError
 from attn.models import (ModelConfig, build_model, count_params, positions, sequence_loss,
-                         transformer)
-from attn.models.config import AttentionRole
+                         transformer, transformer_attention)
+from attn.models.config import SECTION_OF, AttentionRole, RNNConfig, TransformerConfig
 from attn.models.params import values
 from attn.models.seq2seq import shift_right
 
@@ -25,10 +25,16 @@ SRC_LENGTHS, TGT_LENGTHS = (9, 5, 1), (6, 3, 2)
 
 
 def _cfg(**kw):
+  """A ModelConfig of the Transformer; `kw` names shared, model.transformer (a role as a dict)
+  and model.rnn fields alike."""
   roles = {k: AttentionRole(**kw.pop(k)) for k in ("enc_self", "dec_self", "cross") if k in kw}
   base = dict(src_vocab=V_SRC, tgt_vocab=V_TGT, arch="transformer", d_model=16, num_heads=2,
               d_ff=24, enc_layers=1, dec_layers=1, dropout=0.0, max_src_len=16, max_tgt_len=10)
-  return ModelConfig(**(base | roles | kw))
+  kw = base | roles | kw
+  sections = {name: {k: kw.pop(k) for k in list(kw) if SECTION_OF.get(k) == name}
+              for name in ("rnn", "transformer")}
+  return ModelConfig(**kw, rnn=RNNConfig(**sections["rnn"]),
+                     transformer=TransformerConfig(**sections["transformer"]))
 
 
 def _batch(seed=0, Ts=TS, Tt=TT):
@@ -243,9 +249,9 @@ def test_fused_equals_unfused_in_value_and_gradient():
 def test_fused_falls_back_where_the_kernels_do_not_reach():
   cfg = _cfg(fused=True, pos_encoding="alibi", cross=dict(scope="window", half_width=2),
              enc_self=dict(score="additive"))
-  assert "bias" in transformer.fused_unsupported(cfg, "dec_self")
-  assert "bias" in transformer.fused_unsupported(cfg, "enc_self")
-  assert "scope" in transformer.fused_unsupported(cfg, "cross")
+  assert "bias" in transformer_attention.fused_unsupported(cfg, "dec_self")
+  assert "bias" in transformer_attention.fused_unsupported(cfg, "enc_self")
+  assert "scope" in transformer_attention.fused_unsupported(cfg, "cross")
   model = build_model(cfg)
   layer = model.decoder.layers[0]
   assert not any(a.fused for a in (model.encoder.layers[0].attn, layer.self_attn, layer.cross))
@@ -327,56 +333,65 @@ def test_sinusoids_follow_vaswani():
 def test_count_params_and_the_rnn_default():
   cfg = _cfg(tie_embeddings=True)
   assert count_params(cfg) == count_params(build_model(cfg))
-  assert count_params(cfg.replace(tie_embeddings=False)) == count_params(cfg) + 16 * V_TGT + V_TGT
+  untied = cfg.replace_paths({"transformer.tie_embeddings": False})
+  assert count_params(untied) == count_params(cfg) + 16 * V_TGT + V_TGT
   assert ModelConfig(src_vocab=5, tgt_vocab=5).arch == "rnn"
   assert cfg.has_attention
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(arch="cnn"), "model.arch.*known: rnn, transformer"),
-    (dict(pos_encoding="relative"), "model.pos_encoding.*known: alibi"),
+    (dict(pos_encoding="relative"), "model.transformer.pos_encoding.*known: alibi"),
     (dict(num_heads=3), "divisible"),
-    (dict(ff_activation="swish"), "ff_activation"),
-    (dict(cross=dict(scope="ring")), "model.cross.scope.*Known"),
-    (dict(dec_self=dict(normalizer="max")), "model.dec_self.normalizer"),
-    (dict(enc_self=dict(temperature=0.0)), "model.enc_self.temperature"),
-    (dict(dec_self=dict(top_k=0)), "model.dec_self.top_k"),
-    (dict(pos_encoding="rope", enc_self=dict(score="additive")), "model.enc_self.*RoPE"),
-    (dict(pos_encoding="rope", dec_self=dict(score="general")), "model.dec_self.*RoPE"),
+    (dict(ff_activation="swish"), "model.transformer.ff_activation"),
+    (dict(cross=dict(scope="ring")), "model.transformer.cross.scope.*Known"),
+    (dict(dec_self=dict(normalizer="max")), "model.transformer.dec_self.normalizer"),
+    (dict(enc_self=dict(temperature=0.0)), "model.transformer.enc_self.temperature"),
+    (dict(dec_self=dict(top_k=0)), "model.transformer.dec_self.top_k"),
+    (dict(pos_encoding="rope", enc_self=dict(score="additive")), "transformer.enc_self.*RoPE"),
+    (dict(pos_encoding="rope", dec_self=dict(score="general")), "transformer.dec_self.*RoPE"),
     (dict(pos_encoding="rope", d_model=12, num_heads=4), "odd"),
-    (dict(pos_encoding="alibi", dec_self=dict(scope="linear")), "model.dec_self.*ALiBi"),
-    (dict(cross=dict(scope="linear", score="general")), "model.cross.*feature map"),
-    (dict(enc_self=dict(scope="linear", normalizer="sparsemax")), "model.enc_self"),
-    (dict(pointer=True), "model.pointer"),
-    (dict(match_params_of="bahdanau"), "match_params_of"),
-    (dict(normalizer="entmax15"), "model.normalizer.*model.cross.normalizer"),
-    (dict(score="dot"), "model.score.*model.enc_self.score"),
-    (dict(decoder="none"), "model.decoder.*its own"),
+    (dict(pos_encoding="alibi", dec_self=dict(scope="linear")), "transformer.dec_self.*ALiBi"),
+    (dict(cross=dict(scope="linear", score="general")), "transformer.cross.*feature map"),
+    (dict(enc_self=dict(scope="linear", normalizer="sparsemax")), "model.transformer.enc_self"),
+    # The RNN's settings are refused, naming where they belong, not silently ignored.
+    (dict(pointer=True), "^model.rnn.pointer=True belongs to model.arch=rnn; model.arch="
+                         "transformer reads model.transformer.. and the shared model.. fields$"),
+    (dict(match_params_of="bahdanau"), "model.rnn.match_params_of='bahdanau' belongs"),
+    (dict(normalizer="entmax15"), "model.rnn.normalizer='entmax15' belongs to model.arch=rnn"),
+    (dict(score="dot"), "model.rnn.score='dot' belongs"),
+    (dict(decoder="none"), "model.rnn.decoder='none' belongs"),
+    (dict(emb_dim=64), "model.rnn.emb_dim=64 belongs"),
 ])
 def test_bad_transformer_configs_are_config_errors(kw, match):
+  """Names, ranges and settings of the other architecture fail on construction; what needs an
+  abstract evaluation of the attention fails in validate()."""
   with pytest.raises(ConfigError, match=match):
-    _cfg(**kw)
+    _cfg(**kw).validate()
 
 
 def test_good_combinations_are_accepted():
-  _cfg(fused=True)  # an RNN-only check (fused decoder) must not apply
-  _cfg(pos_encoding="rope", cross=dict(score="additive"))  # RoPE leaves cross-attention alone
-  _cfg(pos_encoding="alibi", cross=dict(scope="linear"))
-  _cfg(dec_self=dict(scope="linear"))  # causal linear attention
+  _cfg(fused=True).validate()  # an RNN-only check (fused decoder) must not apply
+  # RoPE leaves cross-attention alone
+  _cfg(pos_encoding="rope", cross=dict(score="additive")).validate()
+  _cfg(pos_encoding="alibi", cross=dict(scope="linear")).validate()
+  _cfg(dec_self=dict(scope="linear")).validate()  # causal linear attention
 
 
 def test_roles_are_nested_config_sections():
   import ml_collections
   c = configurable.config_dict(ModelConfig, arch="transformer",
-                               cross=dict(scope="topk", top_k=4))
-  assert isinstance(c.enc_self, ml_collections.ConfigDict) and c.cross.top_k == 4
+                               transformer=dict(cross=dict(scope="topk", top_k=4)))
+  t = c.transformer
+  assert isinstance(t.enc_self, ml_collections.ConfigDict) and t.cross.top_k == 4
   c.lock()
-  c.enc_self.scope = "window"  # what --config.model.enc_self.scope=window sets
+  t.enc_self.scope = "window"  # what --config.model.transformer.enc_self.scope=window sets
   with pytest.raises(AttributeError):
-    c.enc_self.scop = "window"  # typos fail on a locked config
+    t.enc_self.scop = "window"  # typos fail on a locked config
   mc = ModelConfig.from_config(c, src_vocab=V_SRC, tgt_vocab=V_TGT)
-  assert mc.enc_self == AttentionRole(scope="window") and mc.cross.scope == "topk"
-  assert mc.dec_self == AttentionRole()
-  with pytest.raises(ConfigError, match="model.cross"):
-    ModelConfig.from_config(dict(arch="transformer", cross=dict(scopes="topk")), src_vocab=5,
-                            tgt_vocab=5)
+  tc = mc.transformer
+  assert tc.enc_self == AttentionRole(scope="window") and tc.cross.scope == "topk"
+  assert tc.dec_self == AttentionRole()
+  with pytest.raises(ConfigError, match="model.transformer.cross"):
+    ModelConfig.from_config(dict(arch="transformer", transformer=dict(cross=dict(scopes="topk"))),
+                            src_vocab=5, tgt_vocab=5)

@@ -98,7 +98,7 @@ def test_the_recall_gold_position_holds_the_queried_key_and_the_label(T):
     (dict(lengths=(256, 0)), "--lengths: lengths must be positive"),
     (dict(quality_lengths=(-4,)), "--quality_lengths"),
     (dict(d_model=10, heads=4), "not divisible"),
-    (dict(pos_encoding="alibi", variants=("linear",)), "model.enc_self"),
+    (dict(pos_encoding="alibi", variants=("linear",)), "model.transformer.enc_self"),
     (dict(pos_encoding="alibi", variants=("fused",)), "--variants=fused: .*no kernel"),
 ])
 def test_bad_settings_fail_with_one_clear_message(bad, match):

@@ -22,7 +22,8 @@ from flax import nnx
 
 from attn.models.config import ModelConfig
 from attn.models.params import values
-from attn.models.transformer import TransformerEncoder, attend_heads
+from attn.models.transformer_attention import attend_heads
+from attn.models.transformer_layers import TransformerEncoder
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
@@ -51,7 +52,7 @@ class RecallModel(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, num_values: int, *, rngs: nnx.Rngs):
     self.encoder = TransformerEncoder(cfg, rngs=rngs, compute_dtype="float32")
-    self.readout = nnx.Linear(cfg.d_model, num_values, rngs=rngs)
+    self.readout = nnx.Linear(cfg.transformer.d_model, num_values, rngs=rngs)
 
   def __call__(self, tokens):
     """tokens [B, T] -> value logits [B, num_values] at position T-1."""

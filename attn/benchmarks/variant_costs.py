@@ -5,8 +5,8 @@ r"""What each encoder self-attention variant solves and what it costs, against t
 
 (experiments/variant_costs.py is the entry point: its flags are the fields of `Settings` here.)
 
-Variants (the Transformer encoder's `model.enc_self` role, built through ModelConfig; the model
-runs whatever path attn.models.transformer gives the role): global (softmax over every key),
+Variants (the Transformer encoder's `model.transformer.enc_self` role, built through ModelConfig;
+the model runs whatever path attn.models.transformer gives the role): global (softmax over every key),
 window (keys |j - i| <= --half_width), topk (each query keeps its --top_k highest-scoring keys),
 linear (Katharopoulos et al. 2020, elu+1 feature map) and fused (global softmax through
 kernels.attention; on CPU its exact blocked path, whose 512-key blocks make it the dense
@@ -73,8 +73,9 @@ from attn.common.tables import markdown_table as _markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import plots
-from attn.models.config import AttentionRole, ModelConfig
-from attn.models.transformer import Attention, TransformerEncoder, fused_unsupported
+from attn.models.config import AttentionRole, ModelConfig, TransformerConfig
+from attn.models.transformer_attention import Attention, fused_unsupported
+from attn.models.transformer_layers import TransformerEncoder
 from attn.registry import Registry
 
 
@@ -175,10 +176,10 @@ def model_config(s: Settings, variant: str, max_len: int):
   """The Transformer ModelConfig whose encoder self-attention is `variant` (dropout off)."""
   v = VARIANTS.get(variant)
   return ModelConfig(
-      arch="transformer", src_vocab=s.vocab, tgt_vocab=s.vocab, d_model=s.d_model,
-      num_heads=s.heads, d_ff=s.d_ff, enc_layers=s.layers, dropout=0.0, fused=v.fused,
-      max_src_len=max_len, pos_encoding=s.pos_encoding,
-      enc_self=AttentionRole(scope=v.scope, half_width=s.half_width, top_k=s.top_k))
+      arch="transformer", src_vocab=s.vocab, tgt_vocab=s.vocab, enc_layers=s.layers, dropout=0.0,
+      fused=v.fused, max_src_len=max_len, transformer=TransformerConfig(
+          d_model=s.d_model, num_heads=s.heads, d_ff=s.d_ff, pos_encoding=s.pos_encoding,
+          enc_self=AttentionRole(scope=v.scope, half_width=s.half_width, top_k=s.top_k)))
 
 
 
@@ -383,6 +384,8 @@ def run(s: Settings, out: str, command: str = "", log=print) -> dict:
   {"meta", "settings", "cost", "quality", "rows", "table"}."""
   t0 = time.perf_counter()
   stamp = lambda msg: log(f"[{time.perf_counter() - t0:7.1f}s] {msg}")
+  for v in s.variants:  # the model's abstract checks (JAX), once, before any sweep
+    model_config(s, v, 2).validate()
   meta = harness.machine()
   stamp(f"{meta['device']} ({meta['backend']}), {meta['cpu_count']} CPUs, jax {meta['jax']}")
   cost = cost_sweep(s, stamp) if s.lengths else []

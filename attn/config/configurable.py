@@ -17,6 +17,10 @@ from typing import Any
 
 from attn.errors import ConfigError
 
+# A dotted config key that moved -> where it is now ("model.decoder" -> "model.rnn.decoder"),
+# filled by the modules whose settings moved; command-line errors name the new place.
+MOVED: dict[str, str] = {}
+
 
 def option(default: Any, help: str, *, derived: bool = False):  # pylint: disable=redefined-builtin
   """A dataclass field with its one-line help (shown in config files) and its default."""
@@ -46,7 +50,7 @@ def config_dict(cls, **overrides):
   """An ml_collections ConfigDict holding every settable field of `cls` at its default, then
   `overrides` (unknown names are refused: a preset cannot invent a field). A field whose default
   is a dataclass instance becomes a nested ConfigDict of that dataclass's fields (so
-  `--config.model.cross.scope=topk` works); its override is a dict of some of those fields."""
+  `--config.model.transformer.cross.scope=topk` works); its override is a dict of some of those fields."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   defaults = {f.name: f.default for f in settable_fields(cls)}
   unknown = sorted(set(overrides) - set(defaults))

@@ -131,7 +131,8 @@ def analysis_model(run):
   mc = run.mc
   if not mc.has_attention:
     raise DiagnosisError(
-        f"{run.workdir}: decoder {mc.decoder!r} has no attention (the source enters through one "
+        f"{run.workdir}: decoder {mc.variant['decoder']!r} has no attention (the source enters "
+        "through one "
         "fixed vector): there are no weights to diagnose; pick a run with decoder=bahdanau or "
         "luong")
   scope = mc.variant["scope"]

@@ -234,10 +234,11 @@ def load_run(workdir) -> Run:
       # not determine the weights, so another temperature would show something the model never does.
       note = (f"the stored weights are not {normalizer}(scores / temperature) (off by up to "
               f"{worst:.2g}; a scope that reweights after normalizing?): the slider is off")
+  rnn = mc.get("rnn", mc)  # the recurrent model's section (flat in records of older runs)
   return Run(workdir=workdir, results=results, normalizer=normalizer, temperature=temperature,
-             decoder=str(_scalar(npz, "decoder", results.get("decoder", mc.get("decoder", "")))),
-             score=str(_scalar(npz, "score", results.get("score", mc.get("score", "")))),
-             scope=str(_scalar(npz, "scope", mc.get("scope", ""))),
+             decoder=str(_scalar(npz, "decoder", results.get("decoder", rnn.get("decoder", "")))),
+             score=str(_scalar(npz, "score", results.get("score", rnn.get("score", "")))),
+             scope=str(_scalar(npz, "scope", rnn.get("scope", ""))),
              examples=examples, multi=bool(multi), has_attention=nonzero,
              has_scores=has_scores and not note, scores_note=note)
 

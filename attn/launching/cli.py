@@ -68,8 +68,9 @@ def describe_flag_error(e: BaseException, argv) -> str:
     hint = re.search(r"Did you mean[^\n]*\?", text)
     keys = [a.split("=", 1)[0][len("--config."):] for a in argv if a.startswith("--config.")]
     key = next((k for k in keys if field in k.split(".")), field)
+    moved = configurable.MOVED.get(key)
     return (f"--config.{key}: the config has no such field"
-            + (f" ({hint.group(0)})" if hint else ""))
+            + (f"; it moved to {moved}" if moved else f" ({hint.group(0)})" if hint else ""))
   return str(e)
 
 

@@ -17,7 +17,7 @@ SEED_KEY = "train.seed"  # the override --seeds sets (TrainConfig.seed: initiali
 
 
 def parse_axis(spec):
-  """'model.decoder=none,bahdanau' -> ('model.decoder', ['none', 'bahdanau'])."""
+  """'model.rnn.decoder=none,bahdanau' -> ('model.rnn.decoder', ['none', 'bahdanau'])."""
   key, sep, values = spec.partition("=")
   if not sep or not key or not values:
     raise ConfigError(f"--sweep/--set expects key=value[,value...], got {spec!r}")

@@ -17,6 +17,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from attn.errors import ConfigError
+from attn.models import registries
+
+
+def check_config(cfg) -> None:
+  """model.rnn.pointer and .coverage need attention formed one step at a time (coverage: the
+  additive score, which it enters; both: the weights themselves, so no fused kernel)."""
+  r = cfg.rnn
+  if not (r.pointer or r.coverage):
+    return
+  which = "model.rnn.pointer" if r.pointer else "model.rnn.coverage"
+  decoder = registries.DECODERS.get(r.decoder)
+  if not decoder.has_attention:
+    raise ConfigError(f"{which}=True needs an attention decoder (bahdanau or luong), "
+                      f"not decoder={r.decoder!r}")
+  if cfg.fused:
+    raise ConfigError(f"{which}=True needs the attention weights, which model.fused=True "
+                      "never forms")
+  why = r.coverage and decoder.coverage_unsupported(cfg)
+  if why:
+    raise ConfigError(f"model.rnn.coverage=True: {why}")
+  if r.coverage_loss_weight < 0:
+    raise ConfigError(f"model.rnn.coverage_loss_weight={r.coverage_loss_weight} must be >= 0")
+
 
 def _log_or_neg_inf(x):
   """log x, -inf where x == 0, with a finite gradient everywhere (the double-where guard)."""

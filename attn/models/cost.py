@@ -26,24 +26,24 @@ def forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
 
 def recurrent_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   """The RNN encoder-decoder's forward matmul FLOPs (model.arch=rnn)."""
-  gates = registries.CELLS.get(mc.cell).gates
-  decoder = registries.DECODERS.get(mc.decoder)
-  dirs = 2 if mc.bidirectional else 1
-  per_src, d_in = 0, mc.emb_dim
+  gates = registries.CELLS.get(mc.rnn.cell).gates
+  decoder = registries.DECODERS.get(mc.rnn.decoder)
+  dirs = 2 if mc.rnn.bidirectional else 1
+  per_src, d_in = 0, mc.rnn.emb_dim
   for _ in range(mc.enc_layers):
-    per_src += dirs * 2 * gates * mc.enc_hidden * (d_in + mc.enc_hidden)
-    d_in = mc.enc_out_dim
-  D = mc.dec_hidden
+    per_src += dirs * 2 * gates * mc.rnn.enc_hidden * (d_in + mc.rnn.enc_hidden)
+    d_in = mc.rnn.enc_out_dim
+  D = mc.rnn.dec_hidden
   per_tgt = 2 * gates * D * (decoder.cell_input_dim(mc) + D)
   per_tgt += (mc.dec_layers - 1) * 2 * gates * D * 2 * D
   per_tgt += decoder.readout_flops(mc) + 2 * D * mc.tgt_vocab  # readout, output layer
   per_pair = 0
   if decoder.has_attention:
     dq, dk, key_proj = decoder.attention_dims(mc)
-    cost = registry.get(mc.score, "score").cost(dq, dk, mc.d_attn)
+    cost = registry.get(mc.rnn.score, "score").cost(dq, dk, mc.rnn.d_attn)
     per_src += key_proj + cost.per_key  # keys prepared once per source token
     per_tgt += cost.per_query
-    per_pair = cost.per_pair + 2 * mc.enc_out_dim  # the score and the weighted sum of values
+    per_pair = cost.per_pair + 2 * mc.rnn.enc_out_dim  # the score and the weighted sum of values
   return B * Ts * per_src + B * Tt * (per_tgt + Ts * per_pair)
 
 
@@ -52,12 +52,13 @@ def _heads_pair_flops(mc: ModelConfig, field: str, Tq: int, Tk: int) -> tuple[in
   role's score (attn.scores.ScoreCost at head size, d_attn = head size as the model builds it)
   and the weighted sum of values. Every query-key pair of the padded [Tq, Tk] grid is counted:
   masks (padding, causality) do not skip work in the dense path."""
-  role = getattr(mc, field)
-  if role.scope != "global":  # banded, top-k and linear scopes form other sets of pairs
+  role = getattr(mc.transformer, field)
+  if not registry.get(role.scope, "scope").all_pairs:  # banded, top-k, linear: other pair sets
     raise ValueError(
-        f"the analytic count covers global attention; model.{field}.scope={role.scope!r} forms "
+        f"the analytic count covers global attention; model.transformer.{field}.scope="
+        f"{role.scope!r} forms "
         "another set of pairs (count the traced step: jaxpr_flops)")
-  H, dh = mc.num_heads, mc.d_model // mc.num_heads
+  H, dh = mc.transformer.num_heads, mc.transformer.d_head
   c = registry.get(role.score, "score").cost(dh, dh, dh)
   return H * c.per_key, H * c.per_query, H * Tq * Tk * (c.per_pair + 2 * dh)
 
@@ -68,7 +69,7 @@ def transformer_forward_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   weighted sums over the padded grid, the feed-forward (2 · 2 d d_ff per token); then the
   output layer (2 d V per target token). LayerNorm, softmax and the embedding lookups (gathers)
   are not matmuls and count nothing."""
-  d, F = mc.d_model, mc.d_ff
+  d, F = mc.transformer.d_model, mc.transformer.d_ff
   proj, ff = 2 * d * d, 2 * 2 * d * F
   k_enc, q_enc, pairs_enc = _heads_pair_flops(mc, "enc_self", Ts, Ts)
   enc = Ts * (4 * proj + ff + k_enc + q_enc) + pairs_enc

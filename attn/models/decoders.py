@@ -72,42 +72,44 @@ class RecurrentDecoder(nnx.Module):
   @classmethod
   def fused_unsupported(cls, cfg) -> str | None:
     """Why this decoder cannot run its attention through one fused kernel call (None if it can)."""
-    return (f"decoder {cfg.decoder!r} attends one step at a time inside its recurrence; "
+    return (f"decoder {cfg.rnn.decoder!r} attends one step at a time inside its recurrence; "
             "fused attention needs all steps' queries at once (decoder='luong', input_feeding=False)")
 
   @classmethod
   def coverage_unsupported(cls, cfg) -> str | None:
     """Why this decoder cannot keep a coverage vector in its attention (None if it can)."""
-    return (f"decoder {cfg.decoder!r} has no coverage mechanism; it needs attention computed step "
-            "by step from the recurrent state into an additive score (decoder='bahdanau')")
+    return (f"decoder {cfg.rnn.decoder!r} has no coverage mechanism; it needs attention computed "
+            "step by step from the recurrent state into an additive score (decoder='bahdanau')")
 
   @classmethod
   def cell_input_dim(cls, cfg) -> int:
     """Size of the first cell's input at each step."""
-    return cfg.emb_dim + cfg.enc_out_dim  # y_{t-1} and the context (or fixed vector)
+    return cfg.rnn.emb_dim + cfg.rnn.enc_out_dim  # y_{t-1} and the context (or fixed vector)
 
   @classmethod
   def feature_dim(cls, cfg) -> int:
     """Size of the per-step features `recur` returns (what `project` reads): s_t, c_t, y_{t-1}."""
-    return cfg.dec_hidden + cfg.enc_out_dim + cfg.emb_dim
+    return cfg.rnn.dec_hidden + cfg.rnn.enc_out_dim + cfg.rnn.emb_dim
 
   @classmethod
   def readout_flops(cls, cfg) -> int:
     """Matmul FLOPs per target step between the top cell and the output layer."""
-    return 2 * (cfg.dec_hidden + cfg.enc_out_dim + cfg.emb_dim) * cfg.dec_hidden  # deep output
+    r = cfg.rnn
+    return 2 * (r.dec_hidden + r.enc_out_dim + r.emb_dim) * r.dec_hidden  # deep output
 
   def __init__(self, cfg, d_in0, d_readout, *, rngs, compute_dtype="float32"):
     self.cfg = cfg
     self.compute_dtype = compute_dtype  # the matmuls' operand dtype (attn.models.layers)
-    self.cell = registries.CELLS.get(cfg.cell)
-    self.embed = nnx.Embed(cfg.tgt_vocab, cfg.emb_dim, rngs=rngs)
-    self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else cfg.dec_hidden, cfg.dec_hidden, rngs,
-                                          compute_dtype) for i in range(cfg.dec_layers)])
-    self.bridge = self.linear(cfg.enc_out_dim, cfg.dec_hidden, rngs)  # s_0 = tanh(W h_enc)
+    self.cell = registries.CELLS.get(cfg.rnn.cell)
+    self.embed = nnx.Embed(cfg.tgt_vocab, cfg.rnn.emb_dim, rngs=rngs)
+    D = cfg.rnn.dec_hidden
+    self.cells = nnx.List([self.cell.make(d_in0 if i == 0 else D, D, rngs, compute_dtype)
+                           for i in range(cfg.dec_layers)])
+    self.bridge = self.linear(cfg.rnn.enc_out_dim, cfg.rnn.dec_hidden, rngs)  # s_0 = tanh(W h_enc)
     self.out = self.linear(d_readout, cfg.tgt_vocab, rngs)  # logits stay float32
     # The pointer-generator's switch reads the step's features: for Bahdanau's decoder those are
     # exactly See et al.'s (c_t, s_t, x_t), so p_gen = sigmoid(w_c c + w_s s + w_x x + b).
-    self.gate = self.linear(self.feature_dim(cfg), 1, rngs) if cfg.pointer else None
+    self.gate = self.linear(self.feature_dim(cfg), 1, rngs) if cfg.rnn.pointer else None
 
   def linear(self, d_in, d_out, rngs, **kw):
     """An nnx.Linear whose matmul runs in this decoder's compute dtype (float32 parameters)."""
@@ -199,10 +201,10 @@ class NoAttentionDecoder(RecurrentDecoder):
   it is the only source information (the fixed-vector bottleneck)."""
 
   def __init__(self, cfg, *, rngs, compute_dtype="float32"):
-    De = cfg.enc_out_dim
-    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs,
+    De = cfg.rnn.enc_out_dim
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.rnn.dec_hidden, rngs=rngs,
                      compute_dtype=compute_dtype)
-    self.readout = self.linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs)
+    self.readout = self.linear(cfg.rnn.dec_hidden + De + cfg.rnn.emb_dim, cfg.rnn.dec_hidden, rngs)
 
   def memory(self, enc):
     init = self.initial_state(enc)
@@ -224,15 +226,15 @@ class AttentionMixin:
   @classmethod
   def attention_dims(cls, cfg) -> tuple[int, int, int]:
     """(query size, key size the score sees, FLOPs per source token projecting keys to it)."""
-    return cfg.dec_hidden, cfg.enc_out_dim, 0
+    return cfg.rnn.dec_hidden, cfg.rnn.enc_out_dim, 0
 
   def init_attention(self, d_query, rngs):
     cfg = self.cfg
     key = rngs.params()
     self.score_params = as_params(attn.init_score(
-        cfg.score, key, d_query, self.d_keys, d_attn=cfg.d_attn, max_len=cfg.max_src_len))
+        cfg.rnn.score, key, d_query, self.d_keys, d_attn=cfg.rnn.d_attn, max_len=cfg.max_src_len))
     self.scope_params = as_params(attn.init_scope(
-        cfg.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.d_attn))
+        cfg.rnn.scope, jax.random.fold_in(key, 1), d_query, d_attn=cfg.rnn.d_attn))
 
   def attend(self, memory, q, positions, t=None, intervene=None, keys=None):
     """q: [B, Tq, dq]; positions: [B, Tq] target positions (local-m centres); keys: prepared keys
@@ -246,8 +248,9 @@ class AttentionMixin:
     # written and read back for the gradient, while recomputing it costs ~1% of the step's
     # FLOPs; the train step got ~7-11% faster (docs/results.md). Values are unchanged.
     run = jax.checkpoint(functools.partial(
-        attn.attend, score=cfg.score, normalizer=cfg.normalizer, temperature=cfg.temperature,
-        scope=cfg.scope, half_width=cfg.half_width, keys_prepared=True, return_scores=True))
+        attn.attend, score=cfg.rnn.score, normalizer=cfg.rnn.normalizer,
+        temperature=cfg.rnn.temperature,
+        scope=cfg.rnn.scope, half_width=cfg.rnn.half_width, keys_prepared=True, return_scores=True))
     keys = memory["keys"] if keys is None else keys
     ctx, w, e = run(values(self.score_params), q, keys, memory["values"], mask=mask,
                     scope_params=values(self.scope_params), positions=positions)
@@ -264,27 +267,28 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
 
   @classmethod
   def coverage_unsupported(cls, cfg) -> str | None:
-    if attn.get(cfg.score, "score").prepare is not attn.get("additive", "score").prepare:
+    if not attn.get(cfg.rnn.score, "score").additive_keys:
       return (f"the coverage vector enters the additive score's key term (U h_i + w_c c_i); "
-              f"score={cfg.score!r} has none: use score='additive'")
+              f"score={cfg.rnn.score!r} has none: use score='additive'")
     return None
 
   def __init__(self, cfg, *, rngs, compute_dtype="float32"):
-    De = cfg.enc_out_dim
-    super().__init__(cfg, self.cell_input_dim(cfg), cfg.dec_hidden, rngs=rngs,
+    De = cfg.rnn.enc_out_dim
+    super().__init__(cfg, self.cell_input_dim(cfg), cfg.rnn.dec_hidden, rngs=rngs,
                      compute_dtype=compute_dtype)
     self.d_keys = De
-    self.init_attention(cfg.dec_hidden, rngs)
-    self.readout = self.linear(cfg.dec_hidden + De + cfg.emb_dim, cfg.dec_hidden, rngs)
+    self.init_attention(cfg.rnn.dec_hidden, rngs)
+    self.readout = self.linear(cfg.rnn.dec_hidden + De + cfg.rnn.emb_dim, cfg.rnn.dec_hidden, rngs)
     # w_c starts at zero: switched on when resuming a run trained without coverage, the model
     # computes what it computed before, and learns to use the coverage from there.
-    self.w_cov = nnx.Param(jnp.zeros((cfg.d_attn,), jnp.float32)) if cfg.coverage else None
+    self.w_cov = nnx.Param(jnp.zeros((cfg.rnn.d_attn,), jnp.float32)) if cfg.rnn.coverage else None
 
   def memory(self, enc):
     init = self.initial_state(enc)
     if self.w_cov is not None:
       init["coverage"] = jnp.zeros(enc.mask.shape, jnp.float32)  # c^0 = 0: [B, Ts]
-    keys = attn.prepare_keys(self.cfg.score, values(self.score_params), enc.outputs)  # U h_j once
+    # U h_j, once per source
+    keys = attn.prepare_keys(self.cfg.rnn.score, values(self.score_params), enc.outputs)
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
@@ -313,35 +317,35 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
 
   @classmethod
   def fused_unsupported(cls, cfg) -> str | None:
-    if cfg.input_feeding:
+    if cfg.rnn.input_feeding:
       return ("decoder 'luong' with input_feeding=True feeds each step's attention into the next; "
               "set model.input_feeding=False to attend for all steps in one fused call")
     return None
 
   @classmethod
   def cell_input_dim(cls, cfg) -> int:
-    return cfg.emb_dim + (cfg.dec_hidden if cfg.input_feeding else 0)
+    return cfg.rnn.emb_dim + (cfg.rnn.dec_hidden if cfg.rnn.input_feeding else 0)
 
   @classmethod
   def readout_flops(cls, cfg) -> int:
-    return 2 * (cfg.enc_out_dim + cfg.dec_hidden) * cfg.dec_hidden  # W_c
+    return 2 * (cfg.rnn.enc_out_dim + cfg.rnn.dec_hidden) * cfg.rnn.dec_hidden  # W_c
 
   @classmethod
   def feature_dim(cls, cfg) -> int:
-    return cfg.dec_hidden  # h~_t = tanh(W_c [c_t; h_t])
+    return cfg.rnn.dec_hidden  # h~_t = tanh(W_c [c_t; h_t])
 
   @staticmethod
   def _projects_keys(cfg) -> bool:
     # Parameter-free scores compare h_t with the keys directly: project the source to D first.
-    return attn.get(cfg.score, "score").init is None
+    return attn.get(cfg.rnn.score, "score").init is None
 
   @classmethod
   def attention_dims(cls, cfg) -> tuple[int, int, int]:
-    De, D = cfg.enc_out_dim, cfg.dec_hidden
+    De, D = cfg.rnn.enc_out_dim, cfg.rnn.dec_hidden
     return (D, D, 2 * De * D) if cls._projects_keys(cfg) else (D, De, 0)
 
   def __init__(self, cfg, *, rngs, compute_dtype="float32"):
-    De, D = cfg.enc_out_dim, cfg.dec_hidden
+    De, D = cfg.rnn.enc_out_dim, cfg.rnn.dec_hidden
     super().__init__(cfg, self.cell_input_dim(cfg), D, rngs=rngs, compute_dtype=compute_dtype)
     needs_proj = self._projects_keys(cfg)
     self.key_proj = self.linear(De, D, rngs, use_bias=False) if needs_proj else None
@@ -351,9 +355,9 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
 
   def memory(self, enc):
     init = self.initial_state(enc)
-    init["h_tilde"] = jnp.zeros(enc.final.shape[:1] + (self.cfg.dec_hidden,), enc.final.dtype)
+    init["h_tilde"] = jnp.zeros(enc.final.shape[:1] + (self.cfg.rnn.dec_hidden,), enc.final.dtype)
     keys = enc.outputs if self.key_proj is None else self.key_proj(enc.outputs)
-    keys = attn.prepare_keys(self.cfg.score, values(self.score_params), keys)
+    keys = attn.prepare_keys(self.cfg.rnn.score, values(self.score_params), keys)
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
@@ -366,7 +370,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
   def recur(self, memory, state, y_prev, t, key=None, intervene=None):
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     x = self.embed_prev(y_prev, k1)
-    if self.cfg.input_feeding:
+    if self.cfg.rnn.input_feeding:
       x = jnp.concatenate([x, state["h_tilde"]], -1)
     carries, h = self.run_cells(state["carries"], x, k2)
     positions = _step_positions(t, y_prev.shape[0])
@@ -375,7 +379,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
     return {"carries": carries, "h_tilde": h_tilde}, h_tilde, _first_query(att)
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
-    if self.cfg.input_feeding:
+    if self.cfg.rnn.input_feeding:
       return super().teacher_force(memory, tgt_in, dropout_key)
     # Without input feeding the recurrence does not see the attention: run it over all target
     # steps, then attend for all of them in one batched call (or one fused kernel call).
@@ -395,7 +399,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
       cfg = self.cfg
       lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
       C, _ = attn.attend(values(self.score_params), H, memory["keys"], memory["values"],
-                         score=cfg.score, temperature=cfg.temperature, key_lengths=lengths,
+                         score=cfg.rnn.score, temperature=cfg.rnn.temperature, key_lengths=lengths,
                          keys_prepared=True, fused=True)  # the weights are never formed
       att = None
     else:

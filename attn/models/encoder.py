@@ -59,25 +59,25 @@ class Encoder(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
-    cell = registries.CELLS.get(cfg.cell)
-    self.embed = nnx.Embed(cfg.src_vocab, cfg.emb_dim, rngs=rngs)
+    cell = registries.CELLS.get(cfg.rnn.cell)
+    self.embed = nnx.Embed(cfg.src_vocab, cfg.rnn.emb_dim, rngs=rngs)
     layers = []
-    d_in = cfg.emb_dim
+    d_in = cfg.rnn.emb_dim
     for _ in range(cfg.enc_layers):
-      fwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs, compute_dtype), return_carry=True)
-      if cfg.bidirectional:
-        bwd = nnx.RNN(cell.make(d_in, cfg.enc_hidden, rngs, compute_dtype), return_carry=True,
+      fwd = nnx.RNN(cell.make(d_in, cfg.rnn.enc_hidden, rngs, compute_dtype), return_carry=True)
+      if cfg.rnn.bidirectional:
+        bwd = nnx.RNN(cell.make(d_in, cfg.rnn.enc_hidden, rngs, compute_dtype), return_carry=True,
                       reverse=True, keep_order=True)
         layers.append(nnx.Bidirectional(fwd, bwd, return_carry=True))
       else:
         layers.append(fwd)
-      d_in = cfg.enc_out_dim
+      d_in = cfg.rnn.enc_out_dim
     self.layers = nnx.List(layers)
 
   def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None) -> EncoderOutput:
     """src: [B, Ts] int ids; src_lengths: [B]; embed_offset: optional [B, Ts, E] added to the
     embeddings (attribution methods differentiate with respect to it)."""
-    cfg, h_of = self.cfg, registries.CELLS.get(self.cfg.cell).h_of
+    cfg, h_of = self.cfg, registries.CELLS.get(self.cfg.rnn.cell).h_of
     keys = [None] * (cfg.enc_layers + 1) if dropout_key is None else list(
         jax.random.split(dropout_key, cfg.enc_layers + 1))
     mask = jnp.arange(src.shape[1])[None, :] < src_lengths[:, None]  # [B, Ts]
@@ -90,7 +90,7 @@ class Encoder(nnx.Module):
       x = jnp.where(mask[..., None], x, 0.0)
       if key is not None and layer is not self.layers[-1]:
         x = dropout(x, cfg.dropout, key)
-    if cfg.bidirectional:
+    if cfg.rnn.bidirectional:
       final = jnp.concatenate([h_of(carry[0]), h_of(carry[1])], axis=-1)  # [B, He]
     else:
       final = h_of(carry)

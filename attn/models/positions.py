@@ -140,8 +140,8 @@ class RoPE(PositionalEncoding):
     if registry.get(role.score, "score").init is not None:
       return (f"RoPE rotates queries and keys so that their dot product depends on relative "
               f"position; score={role.score!r} is not a dot product (use dot or scaled_dot)")
-    if (cfg.d_model // cfg.num_heads) % 2:
-      return f"RoPE rotates pairs of features: the head size {cfg.d_model // cfg.num_heads} is odd"
+    if cfg.transformer.d_head % 2:
+      return f"RoPE rotates pairs of features: the head size {cfg.transformer.d_head} is odd"
     return None
 
 

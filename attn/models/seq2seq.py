@@ -11,10 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import functools
+
+from attn import core, registry
+from attn.errors import ConfigError
 from attn.models import copying
 from attn.models import registries
 from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
-from attn.models.config import ModelConfig
+from attn.models.config import ModelConfig, RNNConfig
 from attn.models.encoder import Encoder
 from attn.data.tokens import BOS
 
@@ -24,13 +28,47 @@ class Seq2Seq(nnx.Module):
   """compute_dtype: "float32" | "bfloat16", the operand dtype of the encoder's and decoder's
   matmuls (attn.models.layers: float32 accumulation, float32 parameters, activations, logits).
 
-  Class-level facts of an architecture (registry kind "arch", read without building a model):
-  `check_config(cfg)` raises ConfigError for settings it cannot run; `attends(cfg)` says whether
-  it forms attention weights over the source."""
+  An `attn.models.architecture.Architecture`: its class-level facts (`check_config`,
+  `check_shapes`, `attends`, ...) are read without building a model."""
+
+  settings = RNNConfig  # its section, model.rnn
 
   @staticmethod
   def check_config(cfg: ModelConfig) -> None:
-    cfg.check_recurrent()
+    """ConfigError, naming the field, for settings this model cannot run (no JAX)."""
+    r = cfg.rnn
+    for field, kinds in (("decoder", registries.DECODERS), ("cell", registries.CELLS),
+                         ("score", registry.VARIANTS["score"]),
+                         ("normalizer", registry.VARIANTS["normalizer"]),
+                         ("scope", registry.VARIANTS["scope"]),
+                         ("match_params_of", registries.DECODERS)):
+      name = getattr(r, field)
+      if name not in kinds and (name or field != "match_params_of"):
+        raise ConfigError(f"unknown model.rnn.{field} {name!r}; known: "
+                          f"{', '.join(kinds.names())}")
+    if min(r.emb_dim, r.enc_hidden, r.dec_hidden) < 1:
+      raise ConfigError("model.rnn.emb_dim, enc_hidden and dec_hidden must be positive")
+    if cfg.fused:
+      why = (registries.DECODERS.get(r.decoder).fused_unsupported(cfg)
+             or core.fused_unsupported(r.score, r.normalizer, r.scope))
+      if why:
+        raise ConfigError(f"model.fused=True: {why}")
+    copying.check_config(cfg)
+
+  @staticmethod
+  def check_shapes(cfg: ModelConfig) -> None:
+    """The score accepts the decoder's query and key sizes (e.g. `dot` needs them equal): traced
+    abstractly on one query and two keys, so a bad pairing fails in validation rather than
+    mid-training."""
+    r = cfg.rnn
+    decoder = registries.DECODERS.get(r.decoder)
+    if not decoder.has_attention:
+      return
+    dq, dk, _ = decoder.attention_dims(cfg)
+    why = _score_refuses(r.score, dq, dk, r.d_attn, cfg.max_src_len)
+    if why:
+      raise ConfigError(f"model.rnn.score={r.score!r} does not fit decoder {r.decoder!r} "
+                        f"(queries of size {dq}, keys of size {dk}): {why}")
 
   @staticmethod
   def forward_flops(cfg: ModelConfig, B: int, Ts: int, Tt: int) -> int:
@@ -39,24 +77,24 @@ class Seq2Seq(nnx.Module):
 
   @staticmethod
   def output_width(cfg: ModelConfig) -> int:
-    return cfg.dec_hidden  # the deep output's width: [dec_hidden, V]
+    return cfg.rnn.dec_hidden  # the deep output's width: [dec_hidden, V]
 
   @staticmethod
   def attends(cfg: ModelConfig) -> bool:
-    return registries.DECODERS.get(cfg.decoder).has_attention
+    return registries.DECODERS.get(cfg.rnn.decoder).has_attention
 
   @staticmethod
   def describe(cfg: ModelConfig) -> dict:
     """The attention variant a run reports (results, logs, attention.npz)."""
-    return {"decoder": cfg.decoder, "score": cfg.score, "normalizer": cfg.normalizer,
-            "scope": cfg.scope, "temperature": cfg.temperature}
+    return {"decoder": cfg.rnn.decoder, "score": cfg.rnn.score, "normalizer": cfg.rnn.normalizer,
+            "scope": cfg.rnn.scope, "temperature": cfg.rnn.temperature}
 
   longest_output = None  # a recurrent decoder can emit any number of tokens
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str = "float32"):
     self.cfg = cfg
     self.encoder = Encoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
-    self.decoder = registries.DECODERS.get(cfg.decoder)(cfg, rngs=rngs,
+    self.decoder = registries.DECODERS.get(cfg.rnn.decoder)(cfg, rngs=rngs,
                                                            compute_dtype=compute_dtype)
 
   def memory(self, src, src_lengths, dropout_key=None, embed_offset=None):
@@ -92,7 +130,7 @@ class Seq2Seq(nnx.Module):
     A pointer-generator's log_probs cover the source-extended vocabulary [B, V + Ts] (the state
     carries `src_ext`), and the step also returns extras {"p_gen": [B]}."""
     decoder = self.decoder
-    pointer = self.cfg.pointer
+    pointer = self.cfg.rnn.pointer
 
     def step(state, y_prev):
       dec_state, logits, att = decoder.step(state["memory"], state["dec"], y_prev, state["t"])
@@ -112,12 +150,28 @@ class Seq2Seq(nnx.Module):
     memory = self.memory(src, src_lengths)
     state = {"memory": memory, "dec": self.decoder.initial_state_from_memory(memory),
              "t": jnp.zeros((src.shape[0],), jnp.int32)}
-    if self.cfg.pointer:
+    if self.cfg.rnn.pointer:
       if src_ext is None:
         raise ValueError("a pointer-generator decodes on the extended vocabulary: pass src_ext "
                          "(data.extended_vocab=True batches carry it)")
       state["src_ext"] = src_ext
     return state
+
+
+@functools.lru_cache(maxsize=None)
+def _score_refuses(score: str, dq: int, dk: int, d_attn: int, max_len: int) -> str | None:
+  """What `score` raises on queries of size dq and keys of size dk (None if nothing), from one
+  abstract evaluation (jax.eval_shape); cached per pairing."""
+  def score_once():
+    params = core.init_score(score, jax.random.PRNGKey(0), dq, dk, d_attn=d_attn,
+                             max_len=max_len)
+    return core.score(score, params, jnp.zeros((1, dq)), jnp.zeros((2, dk)))
+
+  try:
+    jax.eval_shape(score_once)
+  except (ValueError, TypeError) as e:
+    return str(e)
+  return None
 
 
 def shift_right(tgt):
@@ -140,20 +194,21 @@ def count_params(model_or_cfg) -> int:
 
 
 def match_param_count(cfg: ModelConfig, reference: ModelConfig) -> ModelConfig:
-  """`cfg` with dec_hidden chosen so its parameter count is as close as possible to `reference`'s
+  """`cfg` with model.rnn.dec_hidden chosen so its parameter count is as close as possible to
+  `reference`'s
   (the fair fixed-vector baseline: same budget, no attention). Count grows with dec_hidden."""
   target = count_params(reference)
-  lo, hi = 1, max(cfg.dec_hidden, 8)
-  while count_params(cfg.replace(dec_hidden=hi)) < target:
+  sized = lambda d: cfg.replace(rnn=cfg.rnn.replace(dec_hidden=d))
+  lo, hi = 1, max(cfg.rnn.dec_hidden, 8)
+  while count_params(sized(hi)) < target:
     hi *= 2
   while hi - lo > 1:
     mid = (lo + hi) // 2
-    if count_params(cfg.replace(dec_hidden=mid)) < target:
+    if count_params(sized(mid)) < target:
       lo = mid
     else:
       hi = mid
-  best = min((lo, hi), key=lambda d: abs(count_params(cfg.replace(dec_hidden=d)) - target))
-  return cfg.replace(dec_hidden=best)
+  return sized(min((lo, hi), key=lambda d: abs(count_params(sized(d)) - target)))
 
 
 def sequence_loss(logits, tgt, tgt_lengths, label_smoothing=0.0):

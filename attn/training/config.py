@@ -129,3 +129,28 @@ def make_optimizer(c: TrainConfig):
   """Adam(W) with warm-up/decay and global-norm clipping."""
   return optax.chain(optax.clip_by_global_norm(c.clip_norm),
                      optax.adamw(_SCHEDULES[c.schedule](c), weight_decay=c.weight_decay))
+
+
+def config_record(config) -> str:
+  """config.json's text: the experiment config (an ml_collections ConfigDict) as JSON, its
+  `model` section holding only what takes effect (the shared fields and the chosen
+  architecture's section; attn.models.ModelConfig.record)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from attn.models.config import section_names  # pylint: disable=import-outside-toplevel
+  out = json.loads(config.to_json_best_effort())
+  model = out.get("model")
+  if isinstance(model, dict):
+    arch = model.get("arch", "rnn")
+    for name in section_names():
+      if name != arch:
+        model.pop(name, None)
+  return json.dumps(out, indent=1)
+
+
+def migrate_config(config: dict) -> dict:
+  """An experiment config read from an older config.json, in today's layout (its `model`
+  section: attn.models.config.migrate_model_section)."""
+  from attn.models.config import migrate_model_section  # pylint: disable=import-outside-toplevel
+  if isinstance(config.get("model"), dict):
+    config = {**config, "model": migrate_model_section(config["model"])}
+  return config

@@ -261,7 +261,7 @@ def write_results(run, ckpt, role="test") -> dict:
       "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
       "wall_s": run.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
       **{k: run.mc.variant[k] for k in ("decoder", "score", "normalizer")},
-      "model_config": dataclasses.asdict(run.mc),
+      "model_config": run.mc.record(),
   }
   if run.window_rates:  # (none when this process only decoded a run that had finished training)
     # steady state: median over logging windows, the first (compilation) left out

@@ -36,7 +36,7 @@ from attn.training.interrupts import InterruptGuard
 from attn.training import results as results_lib
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints
-from attn.training.config import TrainConfig, make_optimizer
+from attn.training.config import TrainConfig, config_record, make_optimizer, migrate_config
 from attn.training.metrics_log import MetricsWriter
 from attn.training.task import Task, get_task
 
@@ -180,8 +180,7 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
   mc = task.model_config(config.model, bundle)
   switched = workdir_lib.check_model(workdir, mc)
   if record and distributed.is_primary():
-    results_lib.write_text(os.path.join(workdir, "config.json"),
-                           config.to_json_best_effort(indent=1))
+    results_lib.write_text(os.path.join(workdir, "config.json"), config_record(config))
     workdir_lib.record_model(workdir, mc)
   model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
@@ -194,7 +193,7 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
   if switched:
     log.info("model: " + ", ".join(f"{k} switched on" for k in switched) + " since the last "
              "checkpoint; its new parameters start from their initial values")
-    run.earlier_state = _abstract_state(task, mc.replace(**switched), tc)
+    run.earlier_state = _abstract_state(task, mc.replace_paths(switched), tc)
   return run
 
 
@@ -219,7 +218,7 @@ def load_run(workdir, task: Task | str = "translate") -> Run:
           f"experiments.translate --config=experiments/configs/translate.py:demo "
           f"--workdir={workdir})")
   with open(os.path.join(workdir, "config.json")) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(migrate_config(json.load(f)))
   run = _build_run(config, workdir, task, validate_config(config, task), record=False)
   ckpt = Checkpoints(workdir)
   try:

@@ -50,13 +50,13 @@ class SummarizationTask(TranslationTask):
 
   def model_config(self, cfg, bundle):
     mc = super().model_config(cfg, bundle)
-    if mc.pointer and not bundle.config.extended_vocab:
-      raise ConfigError("model.pointer=True needs data.extended_vocab=True (batches on each "
+    if mc.rnn.pointer and not bundle.config.extended_vocab:
+      raise ConfigError("model.rnn.pointer=True needs data.extended_vocab=True (batches on each "
                         "example's source-extended vocabulary)")
     return mc
 
   def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
-    cfg = model.cfg
+    cfg = model.cfg.rnn
     logits, att = model.attention(batch, dropout_key)
     mask = _target_mask(batch)
     if cfg.pointer:

@@ -84,14 +84,14 @@ class TranslationTask(Task):
   def model_config(self, cfg, bundle) -> ModelConfig:
     mc = ModelConfig.from_config(cfg, src_vocab=bundle.src_vocab.size,
                                  tgt_vocab=bundle.tgt_vocab.size)
-    ref = mc.match_params_of
-    if ref and ref != mc.decoder:
-      mc = match_param_count(mc, mc.replace(decoder=ref, fused=False))
+    ref = mc.rnn.match_params_of
+    if ref and ref != mc.rnn.decoder:
+      mc = match_param_count(mc, mc.replace_paths({"fused": False, "rnn.decoder": ref}))
     # The match is resolved into dec_hidden: the config of record is the concrete model.
-    return mc.replace(match_params_of="")
+    return mc.replace_paths({"rnn.match_params_of": ""})
 
   def check_model_config(self, cfg) -> None:
-    ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8)  # placeholder vocabularies
+    ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8).validate()  # placeholder vocabularies
 
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
     return build_model(model_config, seed=seed, compute_dtype=compute_dtype)

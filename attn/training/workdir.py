@@ -17,13 +17,13 @@ to the model its checkpoints hold.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import json
 import os
 
 from attn.errors import AttnError
+from attn.models.config import migrate_model_section
 from attn.training.results import write_json
 
 LOCK_FILE = ".lock"
@@ -108,30 +108,40 @@ def has_checkpoints(workdir: str) -> bool:
 
 def _recorded_model(workdir):
   """The model the workdir's checkpoints hold: model.json, else (older workdirs) config.json's
-  `model` section; None when there is neither."""
+  `model` section; in today's layout (a record written before each architecture had its own
+  section is migrated: attn.models.config.migrate_model_section); None when there is neither."""
   for path, pick in ((_record_path(workdir), lambda d: d),
                      (os.path.join(workdir, "config.json"), lambda d: d.get("model"))):
     if os.path.exists(path):
       try:
         with open(path) as f:
-          return pick(json.load(f))
+          found = pick(json.load(f))
       except (OSError, ValueError):
         continue
+      return None if found is None else migrate_model_section(found)
   return None
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+  """{"rnn": {"cell": "gru"}} -> {"rnn.cell": "gru"}: every setting under its dotted path."""
+  out = {}
+  for k, v in record.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
 
 
 def check_model(workdir: str, model_config) -> dict:
   """Refuses a workdir whose checkpoints were written for another model (see the module doc).
 
-  A field the model config lists in `SWITCH_ON_WHEN_RESUMING` (e.g. coverage, trained on for a
-  last phase) may go from False to True: returns those fields' recorded values ({} if none
-  switched), for restoring checkpoints written before the switch."""
+  A field the model config lists in `SWITCH_ON_WHEN_RESUMING` (dotted paths, e.g. rnn.coverage,
+  trained on for a last phase) may go from False to True: returns those fields' recorded values
+  by path ({} if none switched), for restoring checkpoints written before the switch."""
   if not has_checkpoints(workdir):
     return {}
   recorded = _recorded_model(workdir)
   if recorded is None:
     return {}
-  current = dataclasses.asdict(model_config)
+  recorded, current = _flat(recorded), _flat(model_config.record())
   allowed = getattr(model_config, "SWITCH_ON_WHEN_RESUMING", ())
   switched = {k: recorded[k] for k in allowed
               if k in recorded and recorded[k] is False and current.get(k) is True}
@@ -145,4 +155,5 @@ def check_model(workdir: str, model_config) -> dict:
 
 
 def record_model(workdir: str, model_config) -> None:
-  write_json(_record_path(workdir), dataclasses.asdict(model_config))
+  """model.json: the settings of the model the checkpoints hold (ModelConfig.record)."""
+  write_json(_record_path(workdir), model_config.record())

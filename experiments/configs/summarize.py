@@ -1,15 +1,16 @@
 r"""Config for experiments/summarize.py: seq2seq summarization, the pointer-generator, coverage.
 
     python -m experiments.summarize --config=experiments/configs/summarize.py:aeslc \
-        --config.model.pointer=True --config.model.coverage=True --workdir=workdirs/aeslc_pgc
+        --config.model.rnn.pointer=True --config.model.rnn.coverage=True \
+        --workdir=workdirs/aeslc_pgc
 
 Presets (the text after the colon): aeslc (default; ../shared/data/aeslc, email -> subject, the
 dev split serves as eval and test), cnn_dailymail, xsum, gigaword, aeslc_tfds (named TFDS
 datasets, prepared as array_record in data.tfds_data_dir), smoke (tiny, for tests).
 
-data.extended_vocab follows model.pointer (a pointer-generator trains on each example's
+data.extended_vocab follows model.rnn.pointer (a pointer-generator trains on each example's
 source-extended vocabulary). Coverage for a last phase, as in See et al. (2017): train without
-it, then rerun the same command on the same --workdir with --config.model.coverage=True and more
+it, then rerun the same command on the same --workdir with --config.model.rnn.coverage=True and more
 --config.train.steps; the coverage weights start at zero. Every field can be overridden on the
 command line; defaults live in attn.data.DataConfig, attn.models.ModelConfig and
 attn.training.TrainConfig, a preset only overrides them.
@@ -19,8 +20,9 @@ from experiments.configs import from_preset
 
 # See et al. (2017)'s sizes (128-dim embeddings, 256-dim LSTMs) scaled to 2 CPU cores: GRUs,
 # sources cut at 200 tokens, a 10k vocabulary (the pointer copies what it lacks).
-_MODEL = dict(emb_dim=128, enc_hidden=256, dec_hidden=256, d_attn=256, dropout=0.2,
-              decoder="bahdanau", score="additive")
+_RNN = dict(emb_dim=128, enc_hidden=256, dec_hidden=256, d_attn=256, decoder="bahdanau",
+            score="additive")
+_MODEL = dict(dropout=0.2, rnn=_RNN)
 _DECODE = dict(beam_size=4, min_decode_len=2, block_repeat_ngram=3)
 _SUMMARY_DATA = dict(lowercase=True, vocab_size=10_000, min_freq=2, batch_size=32,
                      num_buckets=6)
@@ -48,7 +50,8 @@ _PRESETS = {
         data="aeslc",
         data_overrides=dict(_SUMMARY_DATA, test_split="dev", max_src_len=32, max_tgt_len=8,
                             vocab_size=500, batch_size=8, num_buckets=2),
-        model=dict(_MODEL, emb_dim=16, enc_hidden=16, dec_hidden=16, d_attn=16, dropout=0.0),
+        model=dict(dropout=0.0, rnn=dict(_RNN, emb_dim=16, enc_hidden=16, dec_hidden=16,
+                                         d_attn=16)),
         train=dict(_DECODE, steps=4, eval_every=4, checkpoint_every=2, log_every=2,
                    warmup_steps=1, eval_decode_sentences=16, attention_samples=2,
                    max_decode_len=8, beam_size=2)),
@@ -60,5 +63,5 @@ def get_config(preset: str = "aeslc"):
   dataclass default (field help: those classes), then the preset's overrides."""
   preset = preset or "aeslc"
   c = from_preset(_PRESETS, preset, "summarize")
-  c.data.extended_vocab = c.model.get_ref("pointer")
+  c.data.extended_vocab = c.model.rnn.get_ref("pointer")
   return c
