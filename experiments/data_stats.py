@@ -1,8 +1,8 @@
 r"""Data statistics: examples, lengths, buckets, padding fraction and pipeline throughput.
 
     python -m experiments.data_stats --data_dir=../shared/data/multi30k
-    python -m experiments.data_stats --config=attn/data/config.py:dates --config.train_size=20000
-    python -m experiments.data_stats --config=attn/data/config.py:aeslc --data_dir=../shared/data/aeslc
+    python -m experiments.data_stats --config=experiments/configs/data.py:dates --config.train_size=20000
+    python -m experiments.data_stats --config=experiments/configs/data.py:aeslc --data_dir=../shared/data/aeslc
 
 Prints one table; the figures in docs/data.md come from the first command.
 """

@@ -21,11 +21,12 @@ from hypothesis import given, settings, strategies as st
 from attn import data
 from attn.data import bucketing, builtin_tasks, corpora, numwords
 from attn.data.config import DataConfig
+from experiments.configs import data as data_presets
 from attn.data.tokenize import (JOINER, TokenizerSpec, Vocab, build_vocab, load_vocab,
                                 normalize_whitespace, word_detokenize, word_tokenize)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.environ.get(data.config.SHARED_DATA_ENV, os.path.join(REPO, "..", "shared", "data"))
+SHARED = os.environ.get(data_presets.SHARED_DATA_ENV, os.path.join(REPO, "..", "shared", "data"))
 MULTI30K = os.path.join(SHARED, "multi30k")
 AESLC = os.path.join(SHARED, "aeslc")
 needs_multi30k = pytest.mark.skipif(
@@ -39,7 +40,7 @@ MULTI30K_PADDING_BOUND = 0.16
 
 
 def small(preset: str, tmp, **overrides):
-  cfg = data.get_config(preset)
+  cfg = data_presets.get_config(preset)
   cfg.cache_dir = str(tmp)
   for k, v in overrides.items():
     setattr(cfg, k, v)
@@ -67,7 +68,7 @@ def parallel_corpus(tmp, train_src, train_tgt, *, gz=True, extra_splits=True):
 
 
 def text_config(tmp, d, **overrides):
-  cfg = data.get_config("multi30k")
+  cfg = data_presets.get_config("multi30k")
   cfg.dir = str(d)
   cfg.cache_dir = str(tmp / "cache")
   cfg.min_freq = 1
@@ -485,7 +486,7 @@ def test_missing_files_and_bad_config(tmp_path):
   with pytest.raises(data.DataError, match="unknown data config fields"):
     DataConfig.from_config({"taks": "copy"})
   with pytest.raises(data.DataError, match="unknown data preset"):
-    data.get_config("multi30")
+    data_presets.get_config("multi30")
 
 
 
@@ -664,7 +665,7 @@ def multi30k(tmp_path_factory):
   if not os.path.isdir(MULTI30K):
     pytest.skip(f"shared corpora absent: no {MULTI30K} (set $ATTN_SHARED_DATA)")
   work = tmp_path_factory.mktemp("m30k")
-  cfg = data.get_config("multi30k")
+  cfg = data_presets.get_config("multi30k")
   cfg.dir = MULTI30K
   return data.load(cfg, str(work))
 
@@ -701,7 +702,7 @@ def test_multi30k_bucketed_epoch_padding_under_bound(multi30k):
 
 @needs_multi30k
 def test_multi30k_en_de_direction(tmp_path):
-  cfg = data.get_config("multi30k_en_de")
+  cfg = data_presets.get_config("multi30k_en_de")
   cfg.dir = MULTI30K
   cfg.cache_dir = str(tmp_path)
   cfg.train_split, cfg.eval_split = "val", ""  # small: val as training data
@@ -711,7 +712,7 @@ def test_multi30k_en_de_direction(tmp_path):
 
 @needs_aeslc
 def test_aeslc_jsonl(tmp_path):
-  cfg = data.get_config("aeslc")
+  cfg = data_presets.get_config("aeslc")
   cfg.dir = AESLC
   cfg.cache_dir = str(tmp_path)
   cfg.train_split = "dev"  # the 1,960 dev emails keep this test fast
@@ -731,7 +732,7 @@ def test_import_attn_stays_light_and_stats_cli_runs(tmp_path):
           "assert not heavy, heavy")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
   out = subprocess.run(
-      [sys.executable, "-m", "experiments.data_stats", "--config=attn/data/config.py:smoke",
+      [sys.executable, "-m", "experiments.data_stats", "--config=experiments/configs/data.py:smoke",
        "--config.cache_dir=" + str(tmp_path / "cache"), "--workdir=" + str(tmp_path / "work"),
        "--batches=20"], check=True, cwd=REPO, capture_output=True, text=True).stdout
   assert "batches/s" in out and "padding" in out

@@ -63,3 +63,15 @@ def test_no_kernel_source_imports_attn():
         assert not (node.module or "").startswith("attn"), f"{package}/{name} imports {node.module}"
       elif isinstance(node, ast.Import):
         assert not any(a.name.startswith("attn") for a in node.names), f"{package}/{name}"
+
+
+def test_the_library_imports_no_entry_point_or_preset():
+  """attn/ is the library; experiments/ (entry points, presets) and launch.py sit above it."""
+  for root, _, names in os.walk(os.path.join(REPO, "attn")):
+    for name in (n for n in names if n.endswith(".py")):
+      path = os.path.join(root, name)
+      for node in ast.walk(ast.parse(open(path).read())):
+        modules = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                   else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        bad = [m for m in modules if m.split(".")[0] in ("experiments", "launch")]
+        assert not bad, f"{os.path.relpath(path, REPO)} imports {bad}"

@@ -16,6 +16,7 @@ from attn.evaluation import metrics
 from attn.data import corpora
 from attn.data.base import BOS, EOS, PAD, UNK
 from attn.data.config import DataConfig
+from experiments.configs import data as data_presets
 
 
 def write_jsonl(path, records):
@@ -25,7 +26,7 @@ def write_jsonl(path, records):
 
 
 def mail_config(tmp, d, **overrides):
-  cfg = data.get_config("aeslc")
+  cfg = data_presets.get_config("aeslc")
   cfg.dir = str(d)
   cfg.cache_dir = str(tmp / "cache")
   cfg.batch_size = 2
@@ -40,7 +41,7 @@ def mail_config(tmp, d, **overrides):
 
 
 def test_renamed_fields_from_a_config_dict_and_from_an_old_record():
-  cfg = data.get_config("aeslc")
+  cfg = data_presets.get_config("aeslc")
   assert (cfg.source_field, cfg.target_field) == ("email", "subject")
   with pytest.raises(AttributeError):
     cfg.src_field  # pylint: disable=pointless-statement
@@ -63,7 +64,7 @@ def test_tuple_options_take_a_comma_string_on_the_command_line(monkeypatch):
   argv = ["prog", "--config.reference_fields=ann0,ann1,ann2", "--config.languages=en,fr"]
   monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_dict("config", data.get_config("aeslc"), flag_values=fv)
+  config_flags.DEFINE_config_dict("config", data_presets.get_config("aeslc"), flag_values=fv)
   fv(argv)
   assert fv.config.reference_fields == ("ann0,ann1,ann2",)
   dc = DataConfig.from_config(fv.config)
@@ -76,7 +77,7 @@ def test_tuple_options_take_a_comma_string_on_the_command_line(monkeypatch):
 
 
 def test_extended_vocab_needs_shared_vocab():
-  cfg = data.get_config("aeslc")
+  cfg = data_presets.get_config("aeslc")
   cfg.extended_vocab, cfg.shared_vocab = True, False
   with pytest.raises(data.DataError, match="extended_vocab=True needs shared_vocab=True"):
     DataConfig.from_config(cfg)
@@ -130,7 +131,7 @@ def test_a_missing_reference_field_names_file_line_and_field(tmp_path, annotated
 
 
 def test_reference_fields_on_a_source_without_them_is_an_error(tmp_path):
-  cfg = data.get_config("smoke")
+  cfg = data_presets.get_config("smoke")
   cfg.cache_dir = str(tmp_path)
   cfg.reference_fields = ("ann0",)
   with pytest.raises(data.DataError, match="data.task=reverse has no reference fields"):
@@ -266,7 +267,7 @@ def fake_split(builder, split, **kwargs):
 def test_summarization_tfds_presets_with_extended_vocab(tmp_path, preset):
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-  cfg = data.get_config(preset)
+  cfg = data_presets.get_config(preset)
   cfg.update(dict(cache_dir=str(tmp_path), tfds_data_dir=str(tmp_path / "tfds"), min_freq=3,
                   max_src_len=16, max_tgt_len=8, batch_size=4, num_buckets=2, num_threads=0,
                   extended_vocab=True))
@@ -293,7 +294,7 @@ def test_summarization_tfds_presets_with_extended_vocab(tmp_path, preset):
 def test_tfds_reference_fields(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-  cfg = data.get_config("aeslc_tfds")
+  cfg = data_presets.get_config("aeslc_tfds")
   cfg.update(dict(cache_dir=str(tmp_path), tfds_data_dir=str(tmp_path / "tfds"), min_freq=1,
                   reference_fields=("ann0",)))
   with tfds.testing.mock_data(as_data_source_fn=fake_split):

@@ -1,7 +1,7 @@
 """Data pipeline: built-in tasks with gold alignments, local corpora and TFDS datasets.
 
     from attn import data
-    bundle = data.load(config.data, workdir)      # config.data = data.config.get_config("multi30k")
+    bundle = data.load(config.data, workdir)      # config.data: experiments/configs/data.py
     for step, batch in enumerate(bundle.train_iter(start_step), start_step): ...
     for batch in bundle.batches("test"): ...      # one exact pass; score against bundle.references("test")
 
@@ -12,7 +12,7 @@ libraries (tensorflow_datasets, grain, babel, sentencepiece) are imported only w
 
 from attn.data import config
 from attn.data.base import BOS, EOS, PAD, ROLES, SOURCES, SPECIAL_TOKENS, UNK, DataError
-from attn.data.config import DataConfig, get_config
+from attn.data.config import DataConfig
 from attn.data import sources as _sources  # registers the sources  # noqa: F401
 from attn.data.pipeline import DataBundle, load
 from attn.data.splits import SplitData

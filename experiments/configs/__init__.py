@@ -4,10 +4,10 @@ dataclasses (attn.data.DataConfig, attn.models.ModelConfig, attn.training.TrainC
 import ml_collections
 
 from attn.config import configurable
-from attn.data import config as data_config
 from attn.errors import ConfigError
 from attn.models.config import ModelConfig
 from attn.training.config import TrainConfig
+from experiments.configs import data as data_presets
 
 
 def from_preset(presets: dict, preset: str, experiment: str) -> ml_collections.ConfigDict:
@@ -19,7 +19,7 @@ def from_preset(presets: dict, preset: str, experiment: str) -> ml_collections.C
                       f"{', '.join(sorted(presets))}")
   p = presets[preset]
   c = ml_collections.ConfigDict()
-  c.data = data_config.get_config(p["data"])
+  c.data = data_presets.get_config(p["data"])
   c.data.update(p.get("data_overrides", {}))
   c.model = configurable.config_dict(ModelConfig, **p["model"])
   c.train = configurable.config_dict(TrainConfig, **p["train"])
