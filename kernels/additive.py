@@ -53,6 +53,14 @@ def _chunks(n_chunks, block_d):
   return [pl.ds(c * block_d, block_d) for c in range(n_chunks)]
 
 
+def _tile_chunks(x_ref, w_ref, block_d):
+  """A [rows, d_attn] tile and v's [d_attn] row cut into d_attn / block_d column slices, float32
+  (they stay on chip for the whole loop): (slices, x chunks, w chunks)."""
+  slices = _chunks(x_ref.shape[1] // block_d, block_d)
+  return (slices, [x_ref[:, sl].astype(_F32) for sl in slices],
+          [w_ref[sl].astype(_F32) for sl in slices])
+
+
 def _score_tile(q_chunks, k_chunks, w_chunks):
   """e = Σ_a w_a tanh(q_ia + k_ja) for one [bq, bk] tile, summed over d_attn slices."""
   s = None
@@ -68,12 +76,10 @@ def _score_tile(q_chunks, k_chunks, w_chunks):
 
 def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, block_k, block_d):
   o_ref, lse_ref = refs[-2:]
-  block_q, d_attn = q_ref.shape
+  block_q = q_ref.shape[0]
   i = pl.program_id(0)
   key_length, query_length = kl_ref[0], ql_ref[0]
-  slices = _chunks(d_attn // block_d, block_d)
-  q_chunks = [q_ref[:, sl].astype(_F32) for sl in slices]  # stay on chip for the whole loop
-  w_chunks = [w_ref[sl].astype(_F32) for sl in slices]
+  slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
   q_pos = positions(i, block_q)
 
   def body(j, carry):
@@ -92,12 +98,10 @@ def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, blo
 def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
                causal, block_k, block_d):
   dq_ref = refs[-1]
-  block_q, d_attn = q_ref.shape
+  block_q = q_ref.shape[0]
   i = pl.program_id(0)
   key_length, query_length = kl_ref[0], ql_ref[0]
-  slices = _chunks(d_attn // block_d, block_d)
-  q_chunks = [q_ref[:, sl].astype(_F32) for sl in slices]
-  w_chunks = [w_ref[sl].astype(_F32) for sl in slices]
+  slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
   do, lse, delta = do_ref[...], lse_ref[...], delta_ref[...]
   q_pos = positions(i, block_q)
 
@@ -123,12 +127,10 @@ def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref,
 def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
                 causal, block_q, block_d):
   dk_ref, dval_ref, dw_ref = refs[-3:]
-  block_k, d_attn = k_ref.shape
+  block_k = k_ref.shape[0]
   j = pl.program_id(0)
   key_length, query_length = kl_ref[0], ql_ref[0]
-  slices = _chunks(d_attn // block_d, block_d)
-  k_chunks = [k_ref[:, sl].astype(_F32) for sl in slices]
-  w_chunks = [w_ref[sl].astype(_F32) for sl in slices]
+  slices, k_chunks, w_chunks = _tile_chunks(k_ref, w_ref, block_d)
   val = val_ref[...]
   k_pos = positions(j, block_k)
 

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 from attn import data
 from attn.data import bucketing, builtin_tasks, corpora, numwords
 from attn.data.config import DataConfig
+from data_configs import corpus_config
 from experiments.configs import data as data_presets
 from attn.data.tokenize import (JOINER, TokenizerSpec, Vocab, build_vocab, load_vocab,
                                 normalize_whitespace, word_detokenize, word_tokenize)
@@ -68,15 +69,7 @@ def parallel_corpus(tmp, train_src, train_tgt, *, gz=True, extra_splits=True):
 
 
 def text_config(tmp, d, **overrides):
-  cfg = data_presets.get_config("multi30k")
-  cfg.dir = str(d)
-  cfg.cache_dir = str(tmp / "cache")
-  cfg.min_freq = 1
-  cfg.batch_size = 2
-  cfg.num_buckets = 2
-  for k, v in overrides.items():
-    setattr(cfg, k, v)
-  return cfg
+  return corpus_config("multi30k", tmp, d, **{"min_freq": 1, "num_buckets": 2, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -185,10 +185,6 @@ class TestPallasAttention(_AttentionSuite):
       fa.attention(q, q, q, implementation="pallas", interpret=self.INTERPRET)
 
 
-class TestPallasAttentionInterpret(TestPallasAttention):
-  INTERPRET = True
-
-
 class TestBlockedAttention(_AttentionSuite):
   IMPLEMENTATION = "blocked"
   BLOCKS = {"block_q": 16, "block_k": 32}
@@ -254,3 +250,7 @@ def test_bad_input_is_refused(kwargs, match):
   q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
   with pytest.raises(ValueError, match=match):
     fa.attention(q, k, v, **args)
+
+
+class TestPallasAttentionInterpret(TestPallasAttention):
+  INTERPRET = True

@@ -9,6 +9,7 @@ import pytest
 
 from attn.models import ModelConfig, RNNConfig, build_model, count_params, match_param_count
 from attn.models.config import SECTION_OF
+from model_configs import random_batch
 
 V_SRC, V_TGT = 23, 19
 VARIANTS = {
@@ -36,14 +37,8 @@ def _cfg(**kw):
 
 
 def _batch(B=3, Ts=9, Tt=6, src_lengths=(9, 5, 1), tgt_lengths=(6, 3, 2), seed=0):
-  rng = np.random.default_rng(seed)
-  src = rng.integers(4, V_SRC, (B, Ts))
-  tgt = rng.integers(4, V_TGT, (B, Tt))
-  for b in range(B):
-    src[b, src_lengths[b]:] = 0
-    tgt[b, tgt_lengths[b]:] = 0
-  return {"src": jnp.asarray(src, jnp.int32), "src_lengths": jnp.asarray(src_lengths, jnp.int32),
-          "tgt": jnp.asarray(tgt, jnp.int32), "tgt_lengths": jnp.asarray(tgt_lengths, jnp.int32)}
+  assert len(src_lengths) == len(tgt_lengths) == B
+  return random_batch(src_lengths, tgt_lengths, Ts, Tt, V_SRC, V_TGT, seed)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

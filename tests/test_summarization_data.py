@@ -16,6 +16,7 @@ from attn.evaluation import metrics
 from attn.data import corpora
 from attn.data.base import BOS, EOS, PAD, UNK
 from attn.data.config import DataConfig
+from data_configs import corpus_config
 from experiments.configs import data as data_presets
 
 
@@ -26,14 +27,7 @@ def write_jsonl(path, records):
 
 
 def mail_config(tmp, d, **overrides):
-  cfg = data_presets.get_config("aeslc")
-  cfg.dir = str(d)
-  cfg.cache_dir = str(tmp / "cache")
-  cfg.batch_size = 2
-  cfg.num_buckets = 1
-  for k, v in overrides.items():
-    setattr(cfg, k, v)
-  return cfg
+  return corpus_config("aeslc", tmp, d, **{"num_buckets": 1, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from attn.models import (ModelConfig, build_model, count_params, positions, sequ
 from attn.models.config import SECTION_OF, AttentionRole, RNNConfig, TransformerConfig
 from attn.models.params import values
 from attn.models.seq2seq import shift_right
+from model_configs import random_batch
 
 V_SRC, V_TGT = 23, 19
 B, TS, TT = 3, 9, 6
@@ -38,14 +39,7 @@ def _cfg(**kw):
 
 
 def _batch(seed=0, Ts=TS, Tt=TT):
-  rng = np.random.default_rng(seed)
-  src = rng.integers(4, V_SRC, (B, Ts))
-  tgt = rng.integers(4, V_TGT, (B, Tt))
-  for b in range(B):
-    src[b, SRC_LENGTHS[b]:] = 0
-    tgt[b, TGT_LENGTHS[b]:] = 0
-  return {"src": jnp.asarray(src, jnp.int32), "src_lengths": jnp.asarray(SRC_LENGTHS, jnp.int32),
-          "tgt": jnp.asarray(tgt, jnp.int32), "tgt_lengths": jnp.asarray(TGT_LENGTHS, jnp.int32)}
+  return random_batch(SRC_LENGTHS, TGT_LENGTHS, Ts, Tt, V_SRC, V_TGT, seed)
 
 
 def _perturbed(batch, t0=3):

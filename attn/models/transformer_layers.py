@@ -50,13 +50,20 @@ def _keys(key, n):
   return [None] * n if key is None else list(jax.random.split(key, n))
 
 
+def _pre_norm(cfg: ModelConfig, rngs: nnx.Rngs, build):
+  """(LayerNorm over d_model, the sublayer `build()` makes): one pre-LN residual block's parts,
+  built in that order (the order parameters draw their keys from `rngs`)."""
+  norm = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
+  return norm, build()
+
+
 class EncoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str):
     self.rate = cfg.dropout
-    self.norm_attn = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
-    self.attn = Attention(cfg, "enc_self", rngs=rngs, compute_dtype=compute_dtype)
-    self.norm_ff = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
-    self.ff = FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype)
+    self.norm_attn, self.attn = _pre_norm(
+        cfg, rngs, lambda: Attention(cfg, "enc_self", rngs=rngs, compute_dtype=compute_dtype))
+    self.norm_ff, self.ff = _pre_norm(
+        cfg, rngs, lambda: FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype))
 
   def __call__(self, x, src_lengths, positions, key=None):
     """x: [B, Ts, d]; positions: [1, Ts]. Padded keys are masked; padded rows computed and
@@ -73,12 +80,12 @@ class EncoderLayer(nnx.Module):
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str):
     self.rate = cfg.dropout
-    self.norm_self = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
-    self.self_attn = Attention(cfg, "dec_self", rngs=rngs, compute_dtype=compute_dtype)
-    self.norm_cross = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
-    self.cross = Attention(cfg, "cross", rngs=rngs, compute_dtype=compute_dtype)
-    self.norm_ff = nnx.LayerNorm(cfg.transformer.d_model, rngs=rngs)
-    self.ff = FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype)
+    self.norm_self, self.self_attn = _pre_norm(
+        cfg, rngs, lambda: Attention(cfg, "dec_self", rngs=rngs, compute_dtype=compute_dtype))
+    self.norm_cross, self.cross = _pre_norm(
+        cfg, rngs, lambda: Attention(cfg, "cross", rngs=rngs, compute_dtype=compute_dtype))
+    self.norm_ff, self.ff = _pre_norm(
+        cfg, rngs, lambda: FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype))
 
   def cross_keys_values(self, memory):
     """Cross-attention keys and values of the encoder output [B, Ts, d] (no positions)."""
