@@ -12,15 +12,21 @@ def _ctrl_c():
   os.kill(os.getpid(), signal.SIGINT)  # delivered to the main thread before the next bytecode
 
 
-def test_ctrl_c_inside_a_step_is_raised_after_the_step_finishes():
+def _presses_inside_a_step(presses):
+  """Ctrl-C pressed `presses` times inside one guarded step: (what the step did after the
+  presses, whether an interrupt was still pending once KeyboardInterrupt was raised)."""
   done = []
   with InterruptGuard() as guard:
     with pytest.raises(KeyboardInterrupt):
       with guard.step():
-        _ctrl_c()
+        for _ in range(presses):
+          _ctrl_c()
         done.append("rest of the step")
-    assert done == ["rest of the step"]
-    assert not guard.pending
+    return done, guard.pending
+
+
+def test_ctrl_c_inside_a_step_is_raised_after_the_step_finishes():
+  assert _presses_inside_a_step(1) == (["rest of the step"], False)
 
 
 def test_ctrl_c_outside_a_step_interrupts_at_once():
@@ -33,13 +39,7 @@ def test_ctrl_c_outside_a_step_interrupts_at_once():
 
 
 def test_a_second_ctrl_c_inside_a_step_interrupts_at_once():
-  done = []
-  with InterruptGuard() as guard:
-    with pytest.raises(KeyboardInterrupt):
-      with guard.step():
-        _ctrl_c()
-        _ctrl_c()
-        done.append("never")
+  done, _ = _presses_inside_a_step(2)
   assert done == []
 
 
