@@ -65,7 +65,7 @@ class Architecture(Protocol):
     """Teacher-forced logits [B, Tt, V] float32 and attention weights [B, Tt, Ts] (None when
     never formed, e.g. fused); dropout only with a key."""
 
-  # -- decoding (attn.decoding.search)
+  # -- decoding (attn.decoding)
 
   longest_output: int | None
   """The most tokens one search may emit (a learned position table's length); None = any."""
