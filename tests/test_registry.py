@@ -62,7 +62,7 @@ def test_a_registry_refuses_a_taken_name_without_registering_half():
 
   @things.register("local")
   class Local:  # pylint: disable=unused-variable
-    pass
+    """Runs on this machine."""
 
   with pytest.raises(ValueError, match="already registered"):
     things.add("slurm", object(), aliases=("local",))
