@@ -18,11 +18,11 @@ from attn.training.config import TrainConfig, make_optimizer
 from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate, train_step,
                                 validate_config)
 from attn.training.metrics_log import MetricsWriter
-from attn.training.results import results_table, write_json
+from attn.training.results import results_table
 from attn.training.summarization import SummarizationTask
 from attn.training.task import Task, TranslationTask, get_task
 
 __all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
            "TrainConfig", "TranslationTask",
            "distributed", "get_task", "load_run", "make_optimizer", "results_table", "setup",
-           "train", "train_and_evaluate", "train_step", "validate_config", "write_json"]
+           "train", "train_and_evaluate", "train_step", "validate_config"]

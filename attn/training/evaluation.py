@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn.common import files
 from attn.common.files import atomic_path
 from attn.common.jitting import jitted
 from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
 from attn.training import distributed
-from attn.training import results as results_lib
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def write_results(run, ckpt, role="test") -> dict:
   sample = ids[:run.tc.attention_samples]
   primary = distributed.is_primary()
   if primary:
-    results_lib.write_text(os.path.join(run.workdir, "predictions.txt"),
+    files.write_text(os.path.join(run.workdir, "predictions.txt"),
                            "".join(hyps.text[i] + "\n" for i in ids))
     write_attention(run, role, hyps, sample)
   if primary and run.mc.has_attention and sample:
@@ -269,5 +269,5 @@ def write_results(run, ckpt, role="test") -> dict:
   if run.best_eval:
     results["best_eval"] = run.best_eval  # the eval that chose the decoded checkpoint
   if primary:
-    results_lib.write_json(os.path.join(run.workdir, "results.json"), results)
+    files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results

@@ -28,12 +28,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attn.common import files
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
 from attn.training import distributed
 from attn.training import evaluation
 from attn.training.interrupts import InterruptGuard
-from attn.training import results as results_lib
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints
 from attn.training.config import TrainConfig, config_record, make_optimizer, migrate_config
@@ -180,7 +180,7 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
   mc = task.model_config(config.model, bundle)
   switched = workdir_lib.check_model(workdir, mc)
   if record and distributed.is_primary():
-    results_lib.write_text(os.path.join(workdir, "config.json"), config_record(config))
+    files.write_text(os.path.join(workdir, "config.json"), config_record(config))
     workdir_lib.record_model(workdir, mc)
   model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)

@@ -7,7 +7,7 @@ import logging
 import os
 
 from attn.training import distributed
-from attn.training.results import write_text
+from attn.common.files import write_text
 
 log = logging.getLogger(__name__)
 

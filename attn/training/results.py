@@ -1,9 +1,7 @@
-"""Result records: the one markdown table of results that the experiments and launch.py print
-(and, re-exported, the atomic JSON and text writers of attn.common.files)."""
+"""The one markdown table of results that the experiments and launch.py print."""
 
 from __future__ import annotations
 
-from attn.common.files import write_json, write_text  # noqa: F401  (the run's records)
 from attn.common.tables import format_cell, markdown_table
 
 COLUMNS = ("decoder", "score", "normalizer", "params", "bleu", "chrf", "exact_match",

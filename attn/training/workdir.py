@@ -24,7 +24,7 @@ import os
 
 from attn.errors import AttnError
 from attn.models.config import migrate_model_section
-from attn.training.results import write_json
+from attn.common.files import write_json
 
 LOCK_FILE = ".lock"
 MODEL_RECORD = "model.json"
