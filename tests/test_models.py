@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn.models import ModelConfig, RNNConfig, build_model, count_params, match_param_count
-from attn.models.config import SECTION_OF
-from model_configs import random_batch
+from attn.models import ModelConfig, build_model, count_params, match_param_count
+from model_configs import model_config, random_batch
 
 V_SRC, V_TGT = 23, 19
 VARIANTS = {
@@ -31,9 +30,7 @@ def _cfg(**kw):
   """A ModelConfig of the RNN; `kw` names shared and model.rnn fields alike."""
   base = dict(src_vocab=V_SRC, tgt_vocab=V_TGT, emb_dim=8, enc_hidden=6, dec_hidden=10, d_attn=7,
               max_src_len=16, dropout=0.0)
-  kw = base | kw
-  rnn = {k: kw.pop(k) for k in list(kw) if SECTION_OF.get(k) == "rnn"}
-  return ModelConfig(**kw, rnn=RNNConfig(**rnn))
+  return model_config(**(base | kw))
 
 
 def _batch(B=3, Ts=9, Tt=6, src_lengths=(9, 5, 1), tgt_lengths=(6, 3, 2), seed=0):

@@ -15,10 +15,10 @@ from attn import decoding as decode_lib
 from attn.errors import ConfigError
 from attn.models import (ModelConfig, build_model, count_params, positions, sequence_loss,
                          transformer, transformer_attention)
-from attn.models.config import SECTION_OF, AttentionRole, RNNConfig, TransformerConfig
+from attn.models.config import AttentionRole
 from attn.models.params import values
 from attn.models.seq2seq import shift_right
-from model_configs import random_batch
+from model_configs import model_config, random_batch
 
 V_SRC, V_TGT = 23, 19
 B, TS, TT = 3, 9, 6
@@ -28,14 +28,9 @@ SRC_LENGTHS, TGT_LENGTHS = (9, 5, 1), (6, 3, 2)
 def _cfg(**kw):
   """A ModelConfig of the Transformer; `kw` names shared, model.transformer (a role as a dict)
   and model.rnn fields alike."""
-  roles = {k: AttentionRole(**kw.pop(k)) for k in ("enc_self", "dec_self", "cross") if k in kw}
   base = dict(src_vocab=V_SRC, tgt_vocab=V_TGT, arch="transformer", d_model=16, num_heads=2,
               d_ff=24, enc_layers=1, dec_layers=1, dropout=0.0, max_src_len=16, max_tgt_len=10)
-  kw = base | roles | kw
-  sections = {name: {k: kw.pop(k) for k in list(kw) if SECTION_OF.get(k) == name}
-              for name in ("rnn", "transformer")}
-  return ModelConfig(**kw, rnn=RNNConfig(**sections["rnn"]),
-                     transformer=TransformerConfig(**sections["transformer"]))
+  return model_config(**(base | kw))
 
 
 def _batch(seed=0, Ts=TS, Tt=TT):
