@@ -1,0 +1,328 @@
+r"""The shell commands in README.md and docs/*.md, collected and checked without running them.
+
+What counts as a command (tests/test_docs.py pins that each one is valid):
+- in a fenced block tagged `sh`, `bash`, `shell`, `console` or untagged: every invocation, in
+  command position (a line's start, or after `;`, `&&`, `||`, `|`, `&`, `(`, `do`, `then`), of
+  the project's entry points: `python -m experiments.X ...`, `python launch.py ...`,
+  `python -m pytest ...` and `make ...`. Backslash continuations are joined and `#` comments
+  dropped; `VAR=value` prefixes and the wrappers `taskset -c N`, `srun`, `timeout N`, `env`,
+  `time` are skipped; any `python`, `python3` or `.../bin/python` is Python; a quoted argument
+  that itself holds such an invocation (gcloud's `--command='...'`) is searched too. Other
+  programs (cp, gcloud, sbatch, pip, ...) are not the project's and are not checked;
+- in running text, an inline code span (which may wrap over lines) that starts with one of
+  those invocations, e.g. `python -m experiments.variant_costs`.
+A fenced command holding `...` or a `<placeholder>` is a template, not a command: it is refused
+(write the command out); an inline span holding one refers to a command shown elsewhere, and only
+its module (or make target) is checked. Shell variables are replaced by the values in SHELL_VARIABLES; an unknown one
+is refused. `--help`/`--helpfull` are dropped (what is left is validated).
+
+How each is checked (validate(), in one subprocess: the experiments define flags on absl's
+global FLAGS, so each module's flags are removed again before the next one's are defined):
+- `python -m experiments.X flags`: the module's code runs as `__main__` with absl's `app.run`
+  and `attn.launching.cli.run` replaced by a no-op, so its flags are defined and main is not
+  run; the flags are parsed as the command would parse them (an unknown flag, a bad value, a
+  missing required flag, `--config=FILE:PRESET` with a missing file or preset, a
+  `--config.a.b=v` naming no field or with a value that does not parse), then, where the module
+  has `validate_config`, the config is checked as the run would check it before writing
+  anything. No data and no accelerator are needed.
+- `python launch.py flags`: the same flags with `--dry_run` (every combination's config is built
+  and checked; nothing is run or written).
+- `make TARGET [VAR=value]`: `make -n` of it succeeds (the target exists).
+- `python -m pytest [args] PATHS`: every test path exists.
+"""
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import runpy
+import shlex
+import sys
+import warnings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHELL_BLOCKS = {"", "sh", "bash", "shell", "console"}
+SHELL_VARIABLES = {"i": "0", "OUT": "/tmp/attn_docs_out", "HOME": "/tmp", "USER": "user",
+                   "TPU": "attn-v4-32", "ZONE": "us-central2-b"}
+WRAPPERS = {"taskset": 2, "srun": 0, "timeout": 1, "env": 0, "time": 0, "exec": 0, "nohup": 0}
+SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "do", "then", "else", "done", "fi", "{", "}"}
+HELP = {"--help", "--helpfull", "--helpshort", "-h"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """One collected invocation. kind: module | launch | make | pytest; target: the module, the
+  make target or ''; args: the arguments after it."""
+  where: str  # file:line
+  text: str  # the command as written (joined onto one line)
+  kind: str
+  target: str
+  args: tuple[str, ...]
+  problem: str = ""  # set when the text itself cannot be a command (a template, a variable)
+  template: bool = False  # an inline reference with `...`: only the module or target is checked
+
+
+def _is_python(word):
+  return re.fullmatch(r"(?:.*/)?python(?:3(?:\.\d+)?)?", word) is not None
+
+
+def _substitute(arg):
+  """arg with $VAR / ${VAR} replaced from SHELL_VARIABLES; KeyError names an unknown one."""
+  def repl(m):
+    name = m.group(1) or m.group(2)
+    if name not in SHELL_VARIABLES:
+      raise KeyError(name)
+    return SHELL_VARIABLES[name]
+  return re.sub(r"\$\{(\w+)\}|\$(\w+)", repl, arg)
+
+
+def _classify(words, where, text, inline):
+  """The Command of one simple command's words, or None when it is not one of ours."""
+  i = 0
+  while i < len(words) and re.fullmatch(r"[A-Za-z_]\w*=.*", words[i]):
+    i += 1  # VAR=value prefixes
+  while i < len(words) and words[i] in WRAPPERS:
+    i += 1 + WRAPPERS[words[i]]
+  words = words[i:]
+  if not words:
+    return None
+  if words[0] == "make":
+    kind, target, args = "make", "", words[1:]
+    targets = [w for w in args if not w.startswith("-") and "=" not in w]
+    target = targets[0] if targets else ""
+  elif _is_python(words[0]) and words[1:2] == ["-m"] and len(words) > 2:
+    module = words[2]
+    if module.startswith("experiments."):
+      kind, target, args = "module", module, words[3:]
+    elif module == "pytest":
+      kind, target, args = "pytest", "", words[3:]
+    else:
+      return None  # venv, pip, ...: not ours
+  elif _is_python(words[0]) and words[1:2] and os.path.basename(words[1]) == "launch.py":
+    kind, target, args = "launch", "", words[2:]
+  else:
+    return None
+  problem, template = "", any("..." in w for w in words) or re.search(r"<[^>]*>", " ".join(words))
+  if template:
+    args = []
+    if not inline:
+      problem = "a template (`...` or `<placeholder>`), not a command: write the command out"
+  try:
+    args = [_substitute(a) for a in args if a not in HELP]
+  except KeyError as e:
+    problem = f"unknown shell variable ${e.args[0]} (known: {', '.join(SHELL_VARIABLES)})"
+  return Command(where, text, kind, target, tuple(args), problem, bool(template))
+
+
+def _simple_commands(tokens):
+  """Splits shlex tokens (punctuation split off) at the shell's separators."""
+  current = []
+  for tok in tokens:
+    if tok in SEPARATORS or re.fullmatch(r"[;&|()]+", tok):
+      if current:
+        yield current
+      current = []
+    else:
+      current.append(tok)
+  if current:
+    yield current
+
+
+def commands_in_shell(text, where, inline=False):
+  """The Commands of shell text (one logical line or a whole --command='...' argument)."""
+  lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|()")
+  lexer.whitespace_split = True
+  lexer.commenters = "#"
+  try:
+    tokens = list(lexer)
+  except ValueError:
+    return []  # unbalanced quotes: the caller joins more lines first
+  found = []
+  for words in _simple_commands(tokens):
+    cmd = _classify(words, where, text.strip(), inline)
+    if cmd is not None:
+      found.append(cmd)
+    for w in words:  # an argument holding a command line of its own
+      if " " in w and re.search(r"python\S* -m experiments\.|launch\.py", w):
+        found.extend(commands_in_shell(w, where, inline))
+  return found
+
+
+def _logical_lines(lines, first):
+  """(line number, text) of a block's lines with continuations and open quotes joined."""
+  buf, start = "", None
+  for n, line in enumerate(lines, first):
+    if start is None:
+      start = n
+    if line.rstrip().endswith("\\"):
+      buf += line.rstrip()[:-1] + " "
+      continue
+    buf += line
+    try:
+      shlex.split(buf, comments=True)
+    except ValueError:  # a quote still open: the argument goes on
+      buf += "\n"
+      continue
+    yield start, buf
+    buf, start = "", None
+  if buf.strip():
+    yield start, buf
+
+
+INLINE_START = re.compile(r"(?:[A-Za-z_]\w*=\S*\s+)*(?:python\S*\s+-m\s+(?:experiments\.|pytest)|"
+                          r"python\S*\s+launch\.py|make\s)")
+
+
+def collect(path):
+  """Every Command in one markdown file."""
+  rel = os.path.relpath(path, REPO)
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  found, block, fence, prose = [], None, None, []
+  for n, line in enumerate(lines, 1):
+    m = re.match(r"^\s*(```+|~~~+)\s*([\w+-]*)", line)
+    if block is None and m:
+      fence, block, tag = m.group(1), [], m.group(2).lower()
+      block_start = n + 1
+      found.extend(_inline(prose, rel))
+      prose = []
+      continue
+    if block is not None:
+      if line.strip().startswith(fence):
+        if tag in SHELL_BLOCKS:
+          for start, text in _logical_lines(block, block_start):
+            found.extend(commands_in_shell(text, f"{rel}:{start}"))
+        block = None
+      else:
+        block.append(line)
+      continue
+    prose.append((n, line))
+  found.extend(_inline(prose, rel))
+  return found
+
+
+def _inline(prose, rel):
+  """Commands in the inline code spans of running text (a span may wrap over lines)."""
+  if not prose:
+    return []
+  text = "\n".join(line for _, line in prose)
+  starts = [0]
+  for _, line in prose:
+    starts.append(starts[-1] + len(line) + 1)
+  found = []
+  for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", text):
+    span = " ".join(m.group(1).split())
+    if INLINE_START.match(span):
+      line_no = prose[max(i for i, s in enumerate(starts) if s <= m.start())][0]
+      found.extend(commands_in_shell(span, f"{rel}:{line_no}", inline=True))
+  return found
+
+
+def collect_all():
+  """The Commands of README.md and docs/*.md, in file order."""
+  docs = os.path.join(REPO, "docs")
+  paths = [os.path.join(REPO, "README.md")] + sorted(
+      os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+  return [c for p in paths for c in collect(p)]
+
+
+def _no_run(main, *args, **kwargs):
+  """absl.app.run / cli.run replaced while a module is defined: main is not run."""
+  del main, args, kwargs
+
+
+def _new_flags(before):
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  for name in [n for n in list(flags.FLAGS) if n not in before]:
+    with contextlib.suppress(AttributeError):
+      delattr(flags.FLAGS, name)
+
+
+def _check_module(module, commands):
+  """{index: error} for the commands of one experiments module (see the module docstring)."""
+  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from attn.launching import cli  # pylint: disable=import-outside-toplevel
+  errors = {}
+  before = set(flags.FLAGS)
+  real = app.run, cli.run
+  app.run, cli.run = _no_run, _no_run
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      namespace = runpy.run_module(module, run_name="__main__", alter_sys=True)
+  except ImportError as e:
+    return {i: f"python -m {module}: the module cannot be imported ({e})" for i, _ in commands}
+  except Exception as e:  # pylint: disable=broad-except
+    return {i: f"python -m {module}: defining its flags failed: {type(e).__name__}: {e}"
+            for i, _ in commands}
+  finally:
+    app.run, cli.run = real
+  defined = set(flags.FLAGS)
+  try:
+    for i, cmd in commands:
+      _new_flags(defined)  # the previous command's --config.* override flags
+      if cmd["template"]:
+        continue  # a reference to a command written out elsewhere: the import is the check
+      stderr, argv = io.StringIO(), [module] + list(cmd["args"])
+      try:
+        flags.FLAGS.unparse_flags()
+        sys.argv = argv  # ml_collections reads the --config.* overrides from sys.argv
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+          cli.parse_flags(argv)
+          if "validate_config" in namespace:
+            namespace["validate_config"](flags.FLAGS.config)
+      except SystemExit as e:
+        errors[i] = stderr.getvalue().strip() or f"exit status {e.code}"
+      except Exception as e:  # pylint: disable=broad-except
+        errors[i] = f"{type(e).__name__}: {e}"
+  finally:
+    _new_flags(before)
+  return errors
+
+
+def _check_launch(cmd):
+  """An error line, or None: launch.py's flags plus --dry_run (nothing runs or is written)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  import launch  # pylint: disable=import-outside-toplevel
+  from attn.launching import sweeps  # pylint: disable=import-outside-toplevel
+  argv = ["launch.py"] + list(cmd["args"]) + ["--dry_run"]
+  before, stderr = set(flags.FLAGS), io.StringIO()
+  try:
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+      opts = launch.parse_flags(argv)
+      status = sweeps.launch(opts, argv)
+    return None if status == 0 else (stderr.getvalue().strip() or f"exit status {status}")
+  except SystemExit as e:
+    return stderr.getvalue().strip() or f"exit status {e.code}"
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{type(e).__name__}: {e}"
+  finally:
+    _new_flags(before)
+
+
+def validate(commands):
+  """{index: error} for a list of Command dicts of kinds module and launch (in this process)."""
+  warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package")
+  errors, by_module = {}, {}
+  for i, cmd in enumerate(commands):
+    if cmd["kind"] == "module":
+      by_module.setdefault(cmd["target"], []).append((i, cmd))
+    elif cmd["kind"] == "launch" and not cmd["template"]:
+      error = _check_launch(cmd)
+      if error:
+        errors[i] = error
+  for module, cmds in by_module.items():
+    errors.update(_check_module(module, cmds))
+  return errors
+
+
+if __name__ == "__main__":
+  # python tests/docs_commands.py IN.json OUT.json, from the repository root
+  sys.path.insert(0, REPO)
+  source, out = sys.argv[1:3]
+  with open(source) as f:
+    todo = json.load(f)
+  result = validate(todo)
+  with open(out, "w") as f:
+    json.dump({str(k): v for k, v in result.items()}, f)

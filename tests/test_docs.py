@@ -1,0 +1,221 @@
+"""The docs cannot drift from the code: every command in README.md and docs/*.md is valid (what
+counts as a command and how each is checked: tests/docs_commands.py), the README's preset list
+and layout map name everything there is, its links land on existing sections, and LICENSE and
+CITATION.cff agree with setup.cfg.
+
+No command is run: flags and configs are parsed in one subprocess (~10 s), `make -n` is a dry run.
+"""
+
+import configparser
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import docs_commands
+from docs_commands import REPO, Command, collect, commands_in_shell
+
+COMMANDS = docs_commands.collect_all()
+
+# Commands that must fail, checked in the same subprocess: the validator is not a rubber stamp.
+BAD = {
+    "unknown preset": ("module", "experiments.translate",
+                       ["--config=experiments/configs/translate.py:no_such_preset", "--workdir=w"]),
+    "unknown field": ("module", "experiments.translate",
+                      ["--config=experiments/configs/translate.py:demo",
+                       "--config.model.rnn.decodr=bahdanau", "--workdir=w"]),
+    "bad value": ("module", "experiments.translate",
+                  ["--config=experiments/configs/translate.py:demo", "--config.train.steps=many",
+                   "--workdir=w"]),
+    "bad variant": ("module", "experiments.translate",
+                    ["--config=experiments/configs/translate.py:demo",
+                     "--config.model.rnn.decoder=bahdanoo", "--workdir=w"]),
+    "unknown flag": ("module", "experiments.demo", ["--stepz=3"]),
+    "missing module": ("module", "experiments.no_such_module", []),
+    "launch sweep": ("launch", "", ["--experiment=translate", "--workdir=w",
+                                    "--config=experiments/configs/translate.py:demo",
+                                    "--sweep=model.rnn.decoder=none,bahdanoo"]),
+}
+BAD_MESSAGES = {"unknown preset": "no_such_preset", "unknown field": "decodr",
+                "bad value": "steps", "bad variant": "bahdanoo", "unknown flag": "stepz",
+                "missing module": "experiments.no_such_module", "launch sweep": "bahdanoo"}
+
+
+@pytest.fixture(scope="module")
+def validation(tmp_path_factory):
+  """{command index or BAD name: error} from one subprocess over every module/launch command."""
+  todo = [dataclasses.asdict(c) for c in COMMANDS]
+  names = list(BAD)
+  for name in names:
+    kind, target, args = BAD[name]
+    todo.append(dataclasses.asdict(Command(name, name, kind, target, tuple(args))))
+  work = tmp_path_factory.mktemp("docs_commands")
+  source, out = work / "in.json", work / "out.json"
+  source.write_text(json.dumps([c if c["kind"] in ("module", "launch") and not c["problem"]
+                                else dict(c, kind="skip") for c in todo]))
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "docs_commands.py"),
+                         str(source), str(out)], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0 and out.exists(), proc.stderr[-3000:]
+  errors = {int(k): v for k, v in json.loads(out.read_text()).items()}
+  return {(names[i - len(COMMANDS)] if i >= len(COMMANDS) else i): e for i, e in errors.items()}
+
+
+def test_the_docs_hold_commands_of_every_kind():
+  kinds = {c.kind for c in COMMANDS}
+  assert kinds == {"module", "launch", "make", "pytest"}, kinds
+  assert len(COMMANDS) > 40
+
+
+@pytest.mark.parametrize("index", range(len(COMMANDS)),
+                         ids=[f"{c.where}:{c.target or c.kind}" for c in COMMANDS])
+def test_every_command_in_the_docs_is_valid(index, validation):
+  cmd = COMMANDS[index]
+  assert not cmd.problem, f"{cmd.where}: {cmd.problem}\n  {cmd.text}"
+  if cmd.kind == "make":
+    proc = subprocess.run(["make", "-n", "-C", REPO, *cmd.args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"{cmd.where}: make -n {' '.join(cmd.args)}: {proc.stderr}"
+  elif cmd.kind == "pytest":
+    paths = [a for a in cmd.args if not a.startswith("-")]
+    assert paths and all(os.path.exists(os.path.join(REPO, p.split("::")[0])) for p in paths), (
+        f"{cmd.where}: {cmd.text}: no such test path")
+  else:
+    assert index not in validation, f"{cmd.where}: {validation[index]}\n  {cmd.text}"
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_bad_command_is_reported_with_its_mistake(name, validation):
+  assert name in validation, f"{name}: {BAD[name]} was accepted"
+  assert BAD_MESSAGES[name] in validation[name], validation[name]
+
+
+def test_the_collector_reads_blocks_inline_spans_and_nested_commands(tmp_path):
+  doc = tmp_path / "doc.md"
+  doc.write_text("\n".join([
+      "Run `python -m experiments.demo\n--steps=3` or `make demo`; `python -m experiments.inspect"
+      " ...` refers to one.",
+      "```bash",
+      "# a comment: python -m experiments.not_a_command",
+      "XLA_FLAGS=--x=1 python -m experiments.translate --config=a.py:b \\",
+      "    --workdir=w   # trailing comment",
+      "for i in 0 1; do taskset -c 1 .venv/bin/python launch.py --workdir=w$i & done; wait",
+      "gcloud ssh --command='",
+      "    cd ~/attn && python3 -m experiments.focus --port=0'",
+      "cp -r a b && python -m pip install x",
+      "python -m experiments.summarize <the same flags>",
+      "```",
+      "```python",
+      "python -m experiments.ignored_in_python_blocks",
+      "```",
+  ]))
+  got = [(c.where.split(":")[1], c.kind, c.target, c.args, bool(c.problem), c.template)
+         for c in collect(str(doc))]
+  assert got == [
+      ("1", "module", "experiments.demo", ("--steps=3",), False, False),
+      ("2", "make", "demo", ("demo",), False, False),
+      ("2", "module", "experiments.inspect", (), False, True),
+      ("4", "module", "experiments.translate", ("--config=a.py:b", "--workdir=w"), False, False),
+      ("6", "launch", "", ("--workdir=w0",), False, False),
+      ("7", "module", "experiments.focus", ("--port=0",), False, False),
+      ("10", "module", "experiments.summarize", (), True, True),
+  ]
+  assert commands_in_shell("python -m experiments.x --n=$NOPE", "f:1")[0].problem.startswith(
+      "unknown shell variable $NOPE")
+
+
+def _readme():
+  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    return f.read()
+
+
+def test_the_readme_lists_every_preset_of_every_config_file():
+  from experiments.configs import data, summarize, translate
+  files = {"experiments/configs/translate.py": translate._PRESETS,  # pylint: disable=protected-access
+           "experiments/configs/summarize.py": summarize._PRESETS,  # pylint: disable=protected-access
+           "experiments/configs/data.py": data.PRESETS}
+  listed = {}
+  for line in _readme().splitlines():
+    m = re.match(r"\| `(experiments/configs/\w+\.py)` \|(.*)\|\s*$", line)
+    if m:
+      listed[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2)))
+  for path, presets in files.items():
+    assert path in listed, f"README's preset table has no row for {path}"
+    want = {p for p in presets if p}
+    assert listed[path] == want, (f"{path}: missing from the README {sorted(want - listed[path])}, "
+                                  f"not presets {sorted(listed[path] - want)}")
+
+
+def _layout_sections():
+  """{section header (e.g. `attn/training/`, `attn/` for the root): its text} of the README's
+  layout map."""
+  block = _readme().split("## Layout", 1)[1].split("```", 2)[1]
+  sections, header = {}, None
+  for line in block.splitlines():
+    if line and not line[0].isspace():
+      header = line.split()[0]
+      sections[header] = line[len(header):]
+    elif header:
+      sections[header] += " " + line.strip()
+  return sections
+
+
+def test_the_layout_map_names_every_module_of_attn_and_experiments():
+  sections = _layout_sections()
+  missing = []
+  for top in ("attn", "experiments"):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(REPO, top)):
+      dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "configs", "web")]
+      rel = os.path.relpath(dirpath, REPO).replace(os.sep, "/") + "/"
+      text = sections.get(rel)
+      for name in sorted(f for f in filenames if f.endswith(".py") and f != "__init__.py"):
+        if text is None or not re.search(rf"(?<![\w/]){re.escape(name)}", text):
+          missing.append(rel + name)
+  assert not missing, f"README's layout map does not name {missing}"
+
+
+def test_links_from_the_readme_and_docs_land_on_existing_files_and_sections():
+  def anchors(path):
+    with open(path, encoding="utf-8") as f:
+      heads = re.findall(r"^#+ (.+)$", f.read(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+  docs = os.path.join(REPO, "docs")
+  bad = []
+  for path in [os.path.join(REPO, "README.md")] + [os.path.join(docs, f) for f in os.listdir(docs)
+                                                     if f.endswith(".md")]:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"https?:", target):
+        continue
+      file, _, anchor = target.partition("#")
+      dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+      if not os.path.exists(dest) or (anchor and anchor not in anchors(dest)):
+        bad.append(f"{os.path.relpath(path, REPO)}: {target}")
+  assert not bad, bad
+
+
+def test_license_matches_setup_cfg_and_citation_cff_has_the_required_keys():
+  yaml = pytest.importorskip("yaml")
+  cfg = configparser.ConfigParser()
+  cfg.read(os.path.join(REPO, "setup.cfg"))
+  meta = cfg["metadata"]
+  with open(os.path.join(REPO, "LICENSE"), encoding="utf-8") as f:
+    license_text = f.read()
+  spdx = {"Apache-2.0": "Apache License\n                           Version 2.0, January 2004"}
+  assert meta["license"] in spdx, f"setup.cfg's license {meta['license']} has no known text"
+  assert spdx[meta["license"]] in license_text
+  with open(os.path.join(REPO, "CITATION.cff"), encoding="utf-8") as f:
+    cff = yaml.safe_load(f)
+  for key in ("cff-version", "message", "title", "authors", "license", "version",
+              "date-released"):
+    assert key in cff, f"CITATION.cff has no {key}"
+  assert cff["cff-version"] == "1.2.0"
+  assert cff["license"] == meta["license"] and str(cff["version"]) == meta["version"]
+  assert cff["authors"] and all("name" in a or "family-names" in a for a in cff["authors"])
+  assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(cff["date-released"]))
