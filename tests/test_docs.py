@@ -119,10 +119,10 @@ def test_the_collector_reads_blocks_inline_spans_and_nested_commands(tmp_path):
       ("1", "module", "experiments.demo", ("--steps=3",), False, False),
       ("2", "make", "demo", ("demo",), False, False),
       ("2", "module", "experiments.inspect", (), False, True),
-      ("4", "module", "experiments.translate", ("--config=a.py:b", "--workdir=w"), False, False),
-      ("6", "launch", "", ("--workdir=w0",), False, False),
-      ("7", "module", "experiments.focus", ("--port=0",), False, False),
-      ("10", "module", "experiments.summarize", (), True, True),
+      ("5", "module", "experiments.translate", ("--config=a.py:b", "--workdir=w"), False, False),
+      ("7", "launch", "", ("--workdir=w0",), False, False),
+      ("8", "module", "experiments.focus", ("--port=0",), False, False),
+      ("11", "module", "experiments.summarize", (), True, True),
   ]
   assert commands_in_shell("python -m experiments.x --n=$NOPE", "f:1")[0].problem.startswith(
       "unknown shell variable $NOPE")
