@@ -24,7 +24,8 @@ run: $(STAMP)
 	  --sweep=model.rnn.decoder=none,bahdanau
 	@echo "attention heatmap: workdirs/demo/decoder=bahdanau/attention.png"
 
-# The primitives demo: every score x normalizer learns associative recall (~20 s).
+# The primitives demo: every score x normalizer learns associative recall (~40 s on 2 cores);
+# writes workdirs/primitives_demo/, apart from `run`'s workdirs/demo.
 demo: $(STAMP)
 	$(BIN)/python -m experiments.demo
 

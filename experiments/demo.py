@@ -1,4 +1,5 @@
-r"""Demo of the primitives: learn to retrieve with every score x normalizer (`make run`, ~1 min).
+r"""Demo of the primitives: learn to retrieve with every score x normalizer (`make demo`, ~40 s on
+2 cores; docs/results.md). Its own workdir: `make run`'s sweep owns workdirs/demo.
 
 Task (associative recall): Tk random keys; the query is a fixed random linear map A of one key plus
 noise; the target is that key's position. Parameter-free scores (dot, scaled_dot) can only match q
@@ -30,7 +31,7 @@ from attn.launching import cli
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The demo's flags, one for one."""
-  workdir: str = option("workdirs/demo", "Where the table and heatmap go.")
+  workdir: str = option("workdirs/primitives_demo", "Where the table and heatmap go.")
   steps: int = option(300, "Adam steps per variant.")
   num_keys: int = option(12, "Keys per example (Tk).")
   dim: int = option(16, "Query/key size.")
