@@ -20,6 +20,7 @@ import docs_commands
 from docs_commands import REPO, Command, collect, commands_in_shell
 
 COMMANDS = docs_commands.collect_all()
+PYTEST_VALUE_OPTIONS = {"-m", "-k", "-p", "-n", "-o", "-c", "--dist", "--maxfail", "--rootdir"}
 
 # Commands that must fail, checked in the same subprocess: the validator is not a rubber stamp.
 BAD = {
@@ -81,7 +82,11 @@ def test_every_command_in_the_docs_is_valid(index, validation):
                           timeout=60)
     assert proc.returncode == 0, f"{cmd.where}: make -n {' '.join(cmd.args)}: {proc.stderr}"
   elif cmd.kind == "pytest":
-    paths = [a for a in cmd.args if not a.startswith("-")]
+    paths, skip = [], False
+    for a in cmd.args:  # positional arguments, not the values of -m, -k, -p, -n, ...
+      if not skip and not a.startswith("-"):
+        paths.append(a)
+      skip = a in PYTEST_VALUE_OPTIONS
     assert paths and all(os.path.exists(os.path.join(REPO, p.split("::")[0])) for p in paths), (
         f"{cmd.where}: {cmd.text}: no such test path")
   else:
