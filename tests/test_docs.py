@@ -224,3 +224,32 @@ def test_license_matches_setup_cfg_and_citation_cff_has_the_required_keys():
   assert cff["license"] == meta["license"] and str(cff["version"]) == meta["version"]
   assert cff["authors"] and all("name" in a or "family-names" in a for a in cff["authors"])
   assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(cff["date-released"]))
+
+
+def test_the_readmes_bfloat16_sentence_the_additive_scores_projections_stay_float32():
+  """README.md: with compute_dtype=bfloat16 the layers' matmuls take bfloat16 operands, while the
+  additive score's W q and U k (the Bahdanau preset's attention) stay float32 x float32."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  from model_configs import model_config
+  from attn.models import cost
+  from attn.models.seq2seq import build_model
+  cfg = model_config(src_vocab=23, tgt_vocab=19, emb_dim=8, enc_hidden=12, dec_hidden=10,
+                     d_attn=9, dropout=0.0, decoder="bahdanau", score="additive")
+  model = build_model(cfg, seed=0, compute_dtype="bfloat16")
+  rng = np.random.default_rng(0)
+  batch = {"src": jnp.asarray(rng.integers(3, 23, (2, 5)), jnp.int32),
+           "src_lengths": jnp.asarray([5, 3], jnp.int32),
+           "tgt": jnp.asarray(rng.integers(3, 19, (2, 4)), jnp.int32),
+           "tgt_lengths": jnp.asarray([4, 2], jnp.int32)}
+  graphdef, state = nnx.split(model)
+  logits = lambda state, b: nnx.merge(graphdef, state)(b)[0]
+  dots = cost.jaxpr_matmuls(jax.make_jaxpr(logits)(state, batch))
+  f32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
+  D, He, A = cfg.rnn.dec_hidden, cfg.rnn.enc_out_dim, cfg.rnn.d_attn
+  score = [m for m in dots if m.rhs.shape in ((D, A), (He, A))]  # W: [D, A], U: [He, A]
+  assert {m.rhs.shape for m in score} == {(D, A), (He, A)}, score
+  assert all((m.lhs.dtype, m.rhs.dtype) == (f32, f32) for m in score), score
+  assert any((m.lhs.dtype, m.rhs.dtype) == (bf16, bf16) for m in dots)  # the layers' matmuls
