@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import http.client
 import logging
 import os
 import urllib.error
@@ -94,13 +95,13 @@ def sha256_of(path: str) -> str:
 
 def mismatch(path: str, spec: FileSpec) -> str | None:
   """How the file at `path` differs from `spec` ("12 bytes, expected 34"; "SHA-256 ab12…,
-  expected cd34…"), or None when it matches."""
+  expected cd34…, size 34 as expected"), or None when it matches."""
   size = os.path.getsize(path)
   if size != spec.size:
     return f"{size:,} bytes, expected {spec.size:,}"
   got = sha256_of(path)
   if got != spec.sha256:
-    return f"SHA-256 {got[:16]}…, expected {spec.sha256[:16]}… ({size:,} bytes as expected)"
+    return f"SHA-256 {got[:16]}…, expected {spec.sha256[:16]}…, size {size:,} as expected"
   return None
 
 
@@ -169,7 +170,7 @@ def _request(url: str, offset: int):
       return _request(url, 0)
     raise DataError(f"{url}: HTTP {e.code} {e.reason} (the base URL + file name must serve the "
                     "published file; see --base_url)") from None
-  except (urllib.error.URLError, OSError, ValueError) as e:
+  except (OSError, ValueError, http.client.HTTPException) as e:  # URLError is an OSError
     reason = getattr(e, "reason", None) or e
     raise DataError(f"cannot download {url} ({reason})") from None
 
@@ -232,7 +233,7 @@ def _copy(response, f, received: int, spec: FileSpec, url: str, part: str, progr
   while received <= spec.size:
     try:
       chunk = response.read(min(_CHUNK, spec.size + 1 - received))
-    except (OSError, ValueError) as e:  # reset, timeout, http.client.IncompleteRead
+    except (OSError, ValueError, http.client.HTTPException) as e:  # reset, timeout, cut off
       _flush(f, part)
       raise DataError(f"{spec.name}: the download from {url} was cut off at {received:,} of "
                       f"{spec.size:,} bytes ({e}); {part} is kept: rerun the same command to "
