@@ -24,9 +24,7 @@ import pytest
 from attn.data import aeslc, corpora, downloads, downloads_catalog
 from attn.data.config import DataConfig
 from attn.errors import DataError
-from experiments.configs import data as data_presets
-from experiments.configs import summarize as summarize_presets
-from experiments.configs import translate as translate_presets
+from experiments.configs import data as data_presets, summarize, translate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get(data_presets.SHARED_DATA_ENV, os.path.join(REPO, "..", "shared", "data"))
@@ -76,7 +74,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.wfile.write(body[start:] if state.cut_after is None else body[start:start + state.cut_after])
 
   def log_message(self, *args):  # keep the test output clean
-    pass
+    del args
 
 
 @pytest.fixture
@@ -92,8 +90,8 @@ def server():
 
 
 def _fetch(release, root, server, lines=None, **kw):
-  return downloads.fetch(release, str(root), base_url=server.url,
-                         progress=(lines if lines is not None else []).append, **kw)
+  lines = [] if lines is None else lines
+  return downloads.fetch(release, str(root), base_url=server.url, progress=lines.append, **kw)
 
 
 def _listing(directory):
@@ -203,6 +201,7 @@ def test_http_errors_and_a_file_being_written_by_another_process(tmp_path, serve
   with pytest.raises(DataError, match=r"^http://127\.0\.0\.1:\d+/mirror/big\.bin: HTTP 404 Not Found "
                                       r"\(the base URL \+ file name must serve the published file"):
     _fetch(FIXTURE, tmp_path, server)
+  assert _listing(tmp_path / "fixture") == ["small.de.gz"]  # no empty .part left
   server.state.files["big.bin"] = BIG
   part = tmp_path / "fixture" / "big.bin.part"
   with open(part, "wb") as other:
@@ -245,8 +244,8 @@ def test_the_command_line_refuses_in_one_line_with_exit_status_2(tmp_path, serve
   assert (out.returncode, out.stderr) == (2, "error: unknown dataset 'multi30kk'; known: aeslc, "
                                              "multi30k\n")
   out = _get_data(f"--dir={tmp_path}")
-  assert out.returncode == 2 and out.stderr.startswith("error: give one dataset NAME")
-  assert out.stderr.count("\n") == 1
+  assert (out.returncode, out.stderr.count("\n")) == (2, 1)
+  assert out.stderr.startswith("error: give one dataset NAME")
   # the fixture's bytes are not Multi30k's: refused, nothing written
   server.state.files["val.de.gz"] = SMALL
   out = _get_data("multi30k", f"--dir={tmp_path}", f"--base_url={server.url}",
@@ -297,10 +296,8 @@ EXPECTED = {
                       "Monica.\nThanks,", "subject": "Confirmation: Risk Meeting 10/30/01",
              "id": "allen-p_inbox_29", "ann0": "meeting confimation - tues",
              "ann1": "meeting confirmation", "ann2": "meeting confirmed"}],
-    "test": [{"email": "Could you do me a favor?", "subject": "Huntley/question",
-              "id": "allen-p_inbox_24", "ann0": "favor", "ann1": "title policy",
-              "ann2": "copy of title policy"}],
-}
+    "test": [{"email": "Could you do me a favor?", "subject": "Huntley/question", "ann0": "favor",
+              "id": "allen-p_inbox_24", "ann1": "title policy", "ann2": "copy of title policy"}]}
 
 
 def write_zip(path, members, top="AESLC-master"):
@@ -427,9 +424,9 @@ def _files_read(cfg) -> set[str]:
 
 @pytest.mark.parametrize("config", [
     lambda: data_presets.get_config("multi30k"), lambda: data_presets.get_config("multi30k_en_de"),
-    lambda: data_presets.get_config("aeslc"), lambda: translate_presets.get_config("multi30k").data,
-    lambda: translate_presets.get_config("multi30k_transformer").data,
-    lambda: summarize_presets.get_config("aeslc").data])
+    lambda: data_presets.get_config("aeslc"), lambda: translate.get_config("multi30k").data,
+    lambda: translate.get_config("multi30k_transformer").data,
+    lambda: summarize.get_config("aeslc").data])
 def test_each_local_corpus_preset_reads_files_get_data_writes(config):
   cfg = config()
   release = downloads_catalog.RELEASES.get(os.path.basename(cfg.dir))

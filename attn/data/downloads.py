@@ -193,7 +193,13 @@ def download(url: str, path: str, spec: FileSpec, progress: Callable[[str], None
     offset = f.seek(0, os.SEEK_END)
     if offset >= spec.size:  # a complete or overlong leftover: verified below or started over
       offset = 0
-    with _request(url, offset) as response:
+    try:
+      response = _request(url, offset)
+    except DataError:
+      if not offset:  # the .part was just created: leave nothing behind
+        _discard(f, part)
+      raise
+    with response:
       start = _start(response, offset)
       if offset and not start:
         progress(f"  {spec.name}: the server does not resume (no 206 answer to a Range "
