@@ -121,7 +121,10 @@ def fetch(release: Release, root: str, *, base_url: str | None = None, names=(),
   present = [s for s in specs if os.path.exists(os.path.join(directory, s.name))]
   for spec in present:
     path = os.path.join(directory, spec.name)
-    problem = mismatch(path, spec) if os.path.isfile(path) else "not a regular file"
+    try:
+      problem = mismatch(path, spec) if os.path.isfile(path) else "not a regular file"
+    except OSError as e:
+      problem = f"cannot be read: {e.strerror or e}"
     if problem:
       raise DataError(f"{path} is not the published {release.name} file ({problem}); it is left "
                       "untouched: delete or move it and rerun to download the published one")
@@ -191,7 +194,7 @@ def download(url: str, path: str, spec: FileSpec, progress: Callable[[str], None
   part = path + ".part"
   with _open_part(part) as f:
     offset = f.seek(0, os.SEEK_END)
-    if offset >= spec.size:  # a complete or overlong leftover: verified below or started over
+    if offset >= spec.size:  # nothing left to ask for: start over
       offset = 0
     try:
       response = _request(url, offset)
