@@ -137,7 +137,7 @@ def fetch(release: Release, root: str, *, base_url: str | None = None, names=(),
            f"verified; {len(missing)} to download from {base}")
   for spec in missing:
     download(file_url(base, spec.name), os.path.join(directory, spec.name), spec, progress)
-  if release.prepare is not None and not names:
+  if release.prepare is not None and set(specs) == set(release.files):
     release.prepare(directory, progress)
   progress(f"{release.name}: verified in {directory}")
   return directory
