@@ -22,21 +22,25 @@ import json
 import os
 from typing import Iterator
 
+from attn.data import downloads_catalog
 from attn.data.base import DataError
 from attn.data.tokenize import normalize_whitespace
 
 
 def find_file(directory: str, stem: str) -> str:
-  """`<directory>/<stem>` or `<stem>.gz`; DataError listing the directory if neither exists."""
+  """`<directory>/<stem>` or `<stem>.gz`; DataError listing the directory if neither exists (and
+  naming the get_data command that downloads the file, for a file a published dataset has)."""
   for name in (stem, stem + ".gz"):
     path = os.path.join(directory, name)
     if os.path.isfile(path):
       return path
+  hint = downloads_catalog.missing_file_hint(directory, stem)
   if not os.path.isdir(directory):
     raise DataError(f"data directory {directory!r} does not exist (set data.dir; the shared corpora "
-                    "live in ../shared/data or $ATTN_SHARED_DATA)")
+                    f"live in ../shared/data or $ATTN_SHARED_DATA; it should hold {stem}[.gz])"
+                    f"{hint}")
   present = ", ".join(sorted(os.listdir(directory))[:20]) or "nothing"
-  raise DataError(f"no file {stem}[.gz] in {directory} (it holds: {present})")
+  raise DataError(f"no file {stem}[.gz] in {directory} (it holds: {present}){hint}")
 
 
 def _open(path: str):

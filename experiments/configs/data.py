@@ -8,7 +8,9 @@
 Presets: multi30k (default, de->en), multi30k_en_de, copy, reverse, dates, numbers, aeslc (local
 JSON lines), ted_pt_en, wmt14_de_en, cnn_dailymail, xsum, gigaword, aeslc_tfds (named TFDS
 datasets), smoke (a tiny built-in task for CI). The local corpora are read from
-$ATTN_SHARED_DATA/<name>, else ../shared/data/<name> (relative to the working directory).
+$ATTN_SHARED_DATA/<name>, else ../shared/data/<name> (relative to the working directory); <name>
+is the dataset `python -m experiments.get_data <name> --dir=DIR` downloads into DIR/<name>, in
+the layout the preset reads (then --config.data.dir=DIR/<name>, or ATTN_SHARED_DATA=DIR).
 """
 
 import os
@@ -59,6 +61,8 @@ PRESETS = {
                        max_src_len=512, max_tgt_len=32, too_long="truncate", vocab_size=32_000,
                        shared_vocab=True),
 }
+# preset -> its corpus directory under the shared data, named as get_data's dataset
+# (attn/data/downloads_catalog.py), whose files the preset's splits name
 _PRESET_DIRS = {"": "multi30k", "multi30k": "multi30k", "multi30k_en_de": "multi30k",
                 "aeslc": "aeslc"}
 
