@@ -20,17 +20,41 @@ from attn.launching import cli
 from attn.registry import Registry
 
 
+# What every run's results.json holds besides its task's scores (attn.training.evaluation).
+RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
+               "decode_s", "beam_size")
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """module: what `python -m` runs; doc: one line for listings."""
+  """module: what `python -m` runs; doc: one line for listings; metrics: the results.json
+  fields launch tabulates by default (the first is plotted); scores: the task's scores (each
+  also `<name>_greedy` when a run decodes with a beam); figures: its other figures."""
   module: str
   doc: str = ""
+  metrics: tuple[str, ...] = ()
+  scores: tuple[str, ...] = ()
+  figures: tuple[str, ...] = ()
+
+  @property
+  def known_metrics(self) -> tuple[str, ...]:
+    """Every numeric field a finished run of this experiment can have in results.json."""
+    return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
+            + RUN_FIGURES)
 
 
+_ROUGE = ("rouge1", "rouge2", "rougeL")
 EXPERIMENTS: Registry[Experiment] = Registry("experiment", error=ConfigError)
-EXPERIMENTS.add("translate", Experiment("experiments.translate", "seq2seq translation"))
-EXPERIMENTS.add("summarize", Experiment("experiments.summarize",
-                                        "summarization: attention, pointer-generator, coverage"))
+EXPERIMENTS.add("translate", Experiment(
+    "experiments.translate", "seq2seq translation",
+    metrics=("bleu", "exact_match", "params", "tokens_per_sec", "wall_s"),
+    scores=("bleu", "chrf", "exact_match"), figures=("aer", "attention_on_gold")))
+EXPERIMENTS.add("summarize", Experiment(
+    "experiments.summarize", "summarization: attention, pointer-generator, coverage",
+    metrics=(*_ROUGE, "params", "tokens_per_sec", "wall_s"),
+    scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE)),
+    figures=("repeated_trigram_rate", "source_token_share", "oov_in_references", "oov_recovered",
+             "oov_copies", "copied_share", "mean_p_gen")))
 
 
 def experiment(name: str) -> Experiment:
@@ -39,6 +63,21 @@ def experiment(name: str) -> Experiment:
     raise ConfigError(f"--experiment={name}: not an experiment launch.py runs; known: "
                       f"{', '.join(EXPERIMENTS.names())}")
   return EXPERIMENTS.get(name)
+
+
+def metrics(name: str, given=None) -> tuple[str, ...]:
+  """The results.json fields a launch of experiment `name` tabulates: `given` (--metrics), else
+  the experiment's own default. ConfigError (one line) naming the misspelled ones and listing
+  the known names."""
+  exp = experiment(name)
+  if not given:
+    return exp.metrics
+  unknown = [m for m in given if m not in exp.known_metrics]
+  if unknown:
+    raise ConfigError(f"--metrics={','.join(given)}: {', '.join(unknown)} "
+                      f"{'is' if len(unknown) == 1 else 'are'} not in a {name} run's results; "
+                      f"known: {', '.join(exp.known_metrics)}")
+  return tuple(given)
 
 
 def load_experiment(name):
