@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from attn.errors import AttnError, ConfigError
-from attn.launching import cli
+from attn.launching import cli, launchers
 from attn.registry import Registry
 
 
@@ -27,7 +28,8 @@ RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """module: what `python -m` runs; doc: one line for listings; metrics: the results.json
+  """An experiment trains the task of its name (attn.training.TASKS). module: what `python -m`
+  runs; doc: one line for listings; metrics: the results.json
   fields launch tabulates by default (the first is plotted); scores: the task's scores (each
   also `<name>_greedy` when a run decodes with a beam); figures: its other figures."""
   module: str
@@ -78,6 +80,39 @@ def metrics(name: str, given=None) -> tuple[str, ...]:
                       f"{'is' if len(unknown) == 1 else 'are'} not in a {name} run's results; "
                       f"known: {', '.join(exp.known_metrics)}")
   return tuple(given)
+
+
+def _recorded_fields(workdir):
+  """The field names of the scores a run recorded: results.json's, then metrics.jsonl's first
+  evaluation's (a run stopped before its final evaluation)."""
+  res, _ = launchers.read_record(os.path.join(workdir, "results.json"))
+  if res:
+    yield set(res)
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        if '"eval"' in line:
+          try:
+            yield set(json.loads(line))
+          except ValueError:
+            continue
+          return
+  except OSError:
+    return
+
+
+def experiment_of(workdir) -> str | None:
+  """The experiment that trained the run in `workdir`, read from its records: launch.json (a
+  run launch.py started), else the scores its task reported (results.json, metrics.jsonl);
+  None when they do not say."""
+  rec, _ = launchers.read_record(os.path.join(workdir, launchers.RECORD))
+  if rec and rec.get("experiment") in EXPERIMENTS:
+    return rec["experiment"]
+  for fields in _recorded_fields(workdir):
+    for name, exp in EXPERIMENTS.items():
+      if exp.scores[0] in fields:
+        return name
+  return None
 
 
 def load_experiment(name):
