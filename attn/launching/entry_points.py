@@ -29,9 +29,9 @@ RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """An experiment trains the task of its name (attn.training.TASKS). module: what `python -m`
-  runs; doc: one line for listings; metrics: the results.json
-  fields launch tabulates by default (the first is plotted); scores: the task's scores (each
-  also `<name>_greedy` when a run decodes with a beam); figures: its other figures."""
+  runs; doc: one line for listings; metrics: the results.json fields launch tabulates by default
+  (the first is plotted); scores: the task's scores (each also `<name>_greedy` when a run decodes
+  with a beam); figures: its other figures."""
   module: str
   doc: str = ""
   metrics: tuple[str, ...] = ()
@@ -91,11 +91,12 @@ def _recorded_fields(workdir):
   try:
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
       for line in f:
-        if '"eval"' in line:
-          try:
-            yield set(json.loads(line))
-          except ValueError:
-            continue
+        try:
+          rec = json.loads(line)
+        except ValueError:  # a line cut short by a killed run
+          continue
+        if isinstance(rec, dict) and rec.get("split") == "eval":
+          yield set(rec)
           return
   except OSError:
     return
