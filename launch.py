@@ -30,7 +30,9 @@ and checked by the experiment module's `validate_config(config)` where it has on
 combinations end the launch with one `error:` line each and exit status 2; `--dry_run` checks too.
 
 Each run is `python -m experiments.<experiment> --workdir=<dir>/<name> --config=...
---config.<key>=<value> ...`, started by the launcher --launcher names (attn/launching/launchers.py):
+--config.<key>=<value> ...`; <name> is its axis settings, each key by its last component
+(`decoder=none,seed=0`), or where two axes share that, by the shortest dotted suffix that tells
+them apart (`enc_self.normalizer=sparsemax`, `cross.normalizer=sparsemax`). It is started by the launcher --launcher names (attn/launching/launchers.py):
 `local` runs them as subprocesses of launch, --parallel at a time (with more than one, each run's
 output goes to <run dir>/launch.log); `slurm` submits them as one job array
 (<workdir>/slurm/sweep.sbatch, with --slurm_partition, --slurm_time, --slurm_cpus, --slurm_gpus,
@@ -54,7 +56,9 @@ std error bars. Without --seeds the table has one row per run.
 
 launch writes <workdir>/results.md (the command and the table; failed and refused runs say
 "failed", unfinished ones "pending") and <workdir>/results.png (the first --metric), and exits 1
-if any run failed or was refused (with --collect, also if any is pending), else 0.
+if any run failed or was refused (with --collect, also if any is pending), else 0. The table's
+columns are --metrics, by default the experiment's own (translate: BLEU and exact match;
+summarize: ROUGE); a name no run of the experiment reports is refused before anything runs.
 
 --experiment names one of the experiments launch.py runs (attn/launching/entry_points.py:
 translate, summarize); the other entry points under experiments/ are run directly. This file
@@ -91,8 +95,10 @@ def define_flags(fv):
                             "values other than the base's).", flag_values=fv)
   flags.DEFINE_list("seeds", [], f"Run every combination once per seed (sets {sweeps.SEED_KEY}); "
                     "the table reports mean ± std over seeds.", flag_values=fv)
-  flags.DEFINE_list("metrics", ["bleu", "exact_match", "params", "tokens_per_sec", "wall_s"],
-                    "results.json fields tabulated (the first is plotted).", flag_values=fv)
+  flags.DEFINE_list("metrics", [], "results.json fields tabulated (the first is plotted); default: "
+                    "the experiment's own (" + "; ".join(
+                        f"{n}: {','.join(e.metrics)}" for n, e in entry_points.EXPERIMENTS.items())
+                    + ").", flag_values=fv)
   flags.DEFINE_bool("dry_run", False, "Check every combination's config and print the commands.",
                     flag_values=fv)
   flags.DEFINE_bool("collect", False, "Run and submit nothing: tabulate the finished runs and "

@@ -3,8 +3,10 @@ r"""The run viewer: one self-contained HTML page of a finished run's outputs and
     python -m experiments.inspect --workdir=workdirs/demo/decoder=bahdanau \
         --compare=workdirs/demo/decoder=none --port=8000
 
-Writes WORKDIR/inspect.html (or --out): opened from disk it needs no network (scripts, style and
-data are inlined). With --port, also serves the page's directory on http://127.0.0.1:PORT/ until
+Writes WORKDIR/inspect.html (or --out: a file, or a directory for inspect.html): opened from disk
+it needs no network (scripts, style and data are inlined). A run directory that cannot be written
+to (an archived run, a colleague's) is refused before anything is read, in one line saying to
+pass --out. With --port, also serves the page's directory on http://127.0.0.1:PORT/ until
 Ctrl-C. --compare puts another run on the same data (e.g. the no-attention baseline) side by side.
 A missing or mismatched file exits with status 2 and one `error:` line.
 """

@@ -40,7 +40,7 @@ from attn.inspection import measures
 
 class DiagnosisError(AttnError, ValueError):
   """A run the diagnosis cannot read attention from (a decoder without attention, a variant
-  that never forms the weights, an empty split)."""
+  that never forms the weights, a pointer-generator, an empty split)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,8 @@ class DiagnoseSettings:
   """A diagnosis of one finished run (`python -m experiments.diagnose`); the defaults of
   `diagnose`."""
   workdir: str | None = option(None, "A finished run's directory (holds results.json).")
+  out: str | None = option(None, "Directory for diagnose.json and the plots (default: the run's "
+                           "directory; created if missing).")
   split: str = option("test", "Data split to diagnose.")
   max_examples: int = option(200, "Diagnose the first N examples of the split.")
   seed: int = option(0, "Seed of the random permutations.")
@@ -126,9 +128,10 @@ def _reference_attention(graphdef, params, batch):
 
 def analysis_model(run):
   """run.model, or for a fused model (which never forms the weights) the same parameters in the
-  unfused variant. Raises DiagnosisError for a decoder without attention or a scope that never
-  forms weights (linear attention)."""
+  unfused variant. Raises DiagnosisError for a decoder without attention, a scope that never
+  forms weights (linear attention) or a pointer-generator (see `check_model`)."""
   mc = run.mc
+  check_model(run.workdir, mc)
   if not mc.has_attention:
     raise DiagnosisError(
         f"{run.workdir}: decoder {mc.variant['decoder']!r} has no attention (the source enters "
@@ -144,6 +147,25 @@ def analysis_model(run):
   model = run.task.build_model(mc.replace(fused=False), seed=0)
   nnx.update(model, nnx.state(run.model))
   return model
+
+
+def check_model(workdir, mc) -> None:
+  """DiagnosisError for a model whose output the measures do not describe: a pointer-generator
+  emits p_gen P_vocab + (1 - p_gen) x (the attention weights summed per source word), while the
+  attribution and the counterfactuals explain the vocabulary distribution alone, and a
+  counterfactual attention would change the copy term too; reading them as this model's would
+  mislead. mc: a ModelConfig, or the `model_config` record of results.json (a dict: checked
+  before the run is loaded)."""
+  if isinstance(mc, dict):
+    pointer = (mc.get("rnn") or {}).get("pointer")
+  else:
+    pointer = mc.rnn.pointer
+  if pointer:
+    raise DiagnosisError(
+        f"{workdir}: a pointer-generator run (model.rnn.pointer=True) cannot be diagnosed: its "
+        "output also copies the attention weights (p_gen mixes them in), and the diagnosis "
+        "explains the vocabulary distribution alone; `python -m experiments.inspect` shows its "
+        "attention")
 
 
 def _round_up(n: int, k: int = 8) -> int:

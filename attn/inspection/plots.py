@@ -13,8 +13,16 @@ def pyplot():
   return plt
 
 
+def display_label(token) -> str:
+  """A token as the reader sees it in the text: the word tokenizer's joiner mark (attn.data.
+  tokenize.JOINER: "no space on this side", a glyph plot fonts lack) removed."""
+  from attn.data.tokenize import JOINER  # pylint: disable=import-outside-toplevel
+  text = str(token)
+  return text.replace(JOINER, "")
+
+
 def heatmap(weights, src_labels, tgt_labels, path, *, title="", gold=None):
-  """Saves a [Tt, Ts] attention matrix as a PNG with token labels.
+  """Saves a [Tt, Ts] attention matrix as a PNG with token labels (`display_label`).
 
   weights: [Tt, Ts]; src_labels / tgt_labels: at least Ts / Tt strings (extra are cut);
   gold: optional [Tt, Ts] gold alignment, drawn as red boxes.
@@ -24,8 +32,9 @@ def heatmap(weights, src_labels, tgt_labels, path, *, title="", gold=None):
   Tt, Ts = w.shape
   fig, ax = plt.subplots(figsize=(max(3.0, 0.32 * Ts + 1.5), max(2.5, 0.32 * Tt + 1.2)))
   im = ax.imshow(w, cmap="Greys", vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect="auto")
-  ax.set_xticks(range(Ts), [str(t) for t in list(src_labels)[:Ts]], rotation=90, fontsize=7)
-  ax.set_yticks(range(Tt), [str(t) for t in list(tgt_labels)[:Tt]], fontsize=7)
+  ax.set_xticks(range(Ts), [display_label(t) for t in list(src_labels)[:Ts]], rotation=90,
+                fontsize=7)
+  ax.set_yticks(range(Tt), [display_label(t) for t in list(tgt_labels)[:Tt]], fontsize=7)
   if gold is not None:
     for i, j in zip(*np.nonzero(np.asarray(gold)[:Tt, :Ts])):
       ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=0.8))

@@ -34,6 +34,7 @@ import numpy as np
 from attn.common import files
 from attn.config.configurable import option
 from attn.errors import ConfigError, DataError
+from attn.inspection import outputs
 
 RESULTS, ATTENTION = "results.json", "attention.npz"
 PAGE = "inspect.html"
@@ -49,7 +50,8 @@ class ViewerSettings:
   """The run viewer's page (`python -m experiments.inspect`)."""
   workdir: str | None = option(None, "A finished run's directory (results.json, attention.npz).")
   compare: str | None = option(None, "Another run on the same data, shown side by side.")
-  out: str | None = option(None, "Where the page goes (default WORKDIR/inspect.html).")
+  out: str | None = option(None, "Where the page goes: a file, or a directory to hold "
+                           "inspect.html (default WORKDIR/inspect.html).")
   port: int | None = option(None, "Serve the page's directory on 127.0.0.1:PORT until Ctrl-C "
                             "(0: a free port).")
 
@@ -59,9 +61,19 @@ class ViewerSettings:
 
 
 def _missing(workdir, name):
-  return DataError(
-      f"{workdir}: no {name} (the run has not finished evaluating): run `python -m "
-      f"experiments.translate --workdir={workdir} --config=...` with the run's config to finish it")
+  """The error for a run without `name`: rerun the experiment that trained it (its records say
+  which) to finish it."""
+  from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
+  experiment = entry_points.experiment_of(workdir)
+  if experiment is None:
+    rerun = "the experiment that trained it (" + " or ".join(
+        f"`python -m {e.module}`" for _, e in entry_points.EXPERIMENTS.items()) + (
+            f") with --workdir={workdir} and the run's config")
+  else:
+    rerun = (f"`python -m {entry_points.experiment(experiment).module} --workdir={workdir} "
+             "--config=...` with the run's config")
+  return DataError(f"{workdir}: no {name} (the run has not finished evaluating): run {rerun} "
+                   "to finish it")
 
 
 def _scalar(npz, key, default):
@@ -337,10 +349,25 @@ def _html_escape(text: str) -> str:
           .replace('"', "&quot;"))
 
 
+def page_path(workdir, out=None) -> str:
+  """Where the page goes: `out` (a file, or a directory to hold inspect.html), else
+  `workdir/inspect.html`; ConfigError (one line, `outputs.output_dir`) when that directory cannot
+  be written to."""
+  if out is None:
+    return os.path.join(outputs.output_dir(None, workdir, PAGE), PAGE)
+  given = out
+  if os.path.isdir(out):
+    out = os.path.join(out, PAGE)
+  outputs.output_dir(os.path.dirname(os.path.abspath(out)), workdir, PAGE, flag=given)
+  return out
+
+
 def write_page(workdir, assets_dir, *, compare=None, out=None) -> str:
-  """Writes the page (default `workdir/inspect.html`) atomically; returns its path."""
+  """Writes the page (see `page_path`) atomically, having checked that it can before reading
+  the runs; returns its path."""
+  out = page_path(workdir, out)
   html = render(page_data(workdir, compare), assets_dir)
-  out = out or os.path.join(workdir, PAGE)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   files.write_text(out, html)
   return out
 

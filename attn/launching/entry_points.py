@@ -10,27 +10,53 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from attn.errors import AttnError, ConfigError
-from attn.launching import cli
+from attn.launching import cli, launchers
 from attn.registry import Registry
+
+
+# What every run's results.json holds besides its task's scores (attn.training.evaluation).
+RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
+               "decode_s", "beam_size")
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """module: what `python -m` runs; doc: one line for listings."""
+  """An experiment trains the task of its name (attn.training.TASKS). module: what `python -m`
+  runs; doc: one line for listings; metrics: the results.json fields launch tabulates by default
+  (the first is plotted); scores: the task's scores (each also `<name>_greedy` when a run decodes
+  with a beam); figures: its other figures."""
   module: str
   doc: str = ""
+  metrics: tuple[str, ...] = ()
+  scores: tuple[str, ...] = ()
+  figures: tuple[str, ...] = ()
+
+  @property
+  def known_metrics(self) -> tuple[str, ...]:
+    """Every numeric field a finished run of this experiment can have in results.json."""
+    return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
+            + RUN_FIGURES)
 
 
+_ROUGE = ("rouge1", "rouge2", "rougeL")
 EXPERIMENTS: Registry[Experiment] = Registry("experiment", error=ConfigError)
-EXPERIMENTS.add("translate", Experiment("experiments.translate", "seq2seq translation"))
-EXPERIMENTS.add("summarize", Experiment("experiments.summarize",
-                                        "summarization: attention, pointer-generator, coverage"))
+EXPERIMENTS.add("translate", Experiment(
+    "experiments.translate", "seq2seq translation",
+    metrics=("bleu", "exact_match", "params", "tokens_per_sec", "wall_s"),
+    scores=("bleu", "chrf", "exact_match"), figures=("aer", "attention_on_gold")))
+EXPERIMENTS.add("summarize", Experiment(
+    "experiments.summarize", "summarization: attention, pointer-generator, coverage",
+    metrics=(*_ROUGE, "params", "tokens_per_sec", "wall_s"),
+    scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE)),
+    figures=("repeated_trigram_rate", "source_token_share", "oov_in_references", "oov_recovered",
+             "oov_copies", "copied_share", "mean_p_gen")))
 
 
 def experiment(name: str) -> Experiment:
@@ -39,6 +65,55 @@ def experiment(name: str) -> Experiment:
     raise ConfigError(f"--experiment={name}: not an experiment launch.py runs; known: "
                       f"{', '.join(EXPERIMENTS.names())}")
   return EXPERIMENTS.get(name)
+
+
+def metrics(name: str, given=None) -> tuple[str, ...]:
+  """The results.json fields a launch of experiment `name` tabulates: `given` (--metrics), else
+  the experiment's own default. ConfigError (one line) naming the misspelled ones and listing
+  the known names."""
+  exp = experiment(name)
+  if not given:
+    return exp.metrics
+  unknown = [m for m in given if m not in exp.known_metrics]
+  if unknown:
+    raise ConfigError(f"--metrics={','.join(given)}: {', '.join(unknown)} "
+                      f"{'is' if len(unknown) == 1 else 'are'} not in a {name} run's results; "
+                      f"known: {', '.join(exp.known_metrics)}")
+  return tuple(given)
+
+
+def _recorded_fields(workdir):
+  """The field names of the scores a run recorded: results.json's, then metrics.jsonl's first
+  evaluation's (a run stopped before its final evaluation)."""
+  res, _ = launchers.read_record(os.path.join(workdir, "results.json"))
+  if res:
+    yield set(res)
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except ValueError:  # a line cut short by a killed run
+          continue
+        if isinstance(rec, dict) and rec.get("split") == "eval":
+          yield set(rec)
+          return
+  except OSError:
+    return
+
+
+def experiment_of(workdir) -> str | None:
+  """The experiment that trained the run in `workdir`, read from its records: launch.json (a
+  run launch.py started), else the scores its task reported (results.json, metrics.jsonl);
+  None when they do not say."""
+  rec, _ = launchers.read_record(os.path.join(workdir, launchers.RECORD))
+  if rec and rec.get("experiment") in EXPERIMENTS:
+    return rec["experiment"]
+  for fields in _recorded_fields(workdir):
+    for name, exp in EXPERIMENTS.items():
+      if exp.scores[0] in fields:
+        return name
+  return None
 
 
 def load_experiment(name):

@@ -24,25 +24,55 @@ def parse_axis(spec):
   return key, values.split(",")
 
 
-def grid(sweeps):
-  """All combinations: [(name, [(key, value), ...])] with names like 'decoder=none,score=dot'."""
-  axes = [parse_axis(s) for s in sweeps]
+def labels(keys) -> dict:
+  """Each dotted key's name in run names: its shortest suffix of whole components that no other
+  key ends with ('model.rnn.decoder' -> 'decoder'; 'model.transformer.enc_self.normalizer' and
+  'model.transformer.cross.normalizer' -> 'enc_self.normalizer', 'cross.normalizer'), so two
+  axes never share a name."""
+  keys = list(dict.fromkeys(keys))
+  parts = {k: k.split(".") for k in keys}
+  out = {}
+  for k in keys:
+    for n in range(1, len(parts[k]) + 1):
+      tail = parts[k][-n:]
+      if not any(o != k and parts[o][-n:] == tail for o in keys):
+        break
+    out[k] = ".".join(tail)
+  return out
+
+
+def _axes(specs, flag):
+  """The parsed axes of `--sweep`/`--vary` specs; ConfigError (one line) for a key given twice."""
+  axes, seen = [], set()
+  for key, values in map(parse_axis, specs):
+    if key in seen:
+      raise ConfigError(f"--{flag} {key} is given twice: list all its values in one --{flag}")
+    seen.add(key)
+    axes.append((key, values))
+  return axes
+
+
+def grid(sweeps, names=None):
+  """All combinations: [(name, [(key, value), ...])] with names like 'decoder=none,score=dot'.
+  names: key -> its name in run names (default `labels` of the axes' keys)."""
+  axes = _axes(sweeps, "sweep")
+  names = names or labels(k for k, _ in axes)
   runs = []
   for combo in itertools.product(*[[(k, v) for v in vs] for k, vs in axes]):
-    name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "run"
+    name = ",".join(f"{names[k]}={v}" for k, v in combo) or "run"
     runs.append((name, list(combo)))
   return runs
 
 
-def one_at_a_time(varies):
+def one_at_a_time(varies, names=None):
   """An ablation: [("base", [])] then one run per value of each axis, alone:
-  [('heads=2', [('model.heads', '2')]), ...]. Refuses an axis given twice (ConfigError)."""
-  runs, seen = [("base", [])], set()
-  for key, values in map(parse_axis, varies):
-    if key in seen:
-      raise ConfigError(f"--vary {key} is given twice: list all its values in one --vary")
-    seen.add(key)
-    runs += [(f"{key.split('.')[-1]}={v}", [(key, v)]) for v in values]
+  [('heads=2', [('model.heads', '2')]), ...]. Refuses an axis given twice (ConfigError).
+  names: as for `grid`."""
+  axes = _axes(varies, "vary")
+  names = names or labels(k for k, _ in axes)
+  runs = [("base", [])]
+  for key, values in axes:
+    runs += [(f"{names[key]}={v}", [(key, v)]) for v in values]
   return runs
 
 
@@ -106,12 +136,14 @@ def plan(experiment, config, workdir, sets, sweeps, seeds=(), varies=()) -> list
                       "give one of them")
   fixed = [(k, ",".join(vs)) for k, vs in map(parse_axis, sets)]
   axes = sweeps or varies
+  names = labels([parse_axis(a)[0] for a in axes] + ([SEED_KEY] if seeds else []))
   runs = []
-  for name, combo in one_at_a_time(varies) if varies else grid(sweeps):
+  for name, combo in one_at_a_time(varies, names) if varies else grid(sweeps, names):
     for seed in seeds or [None]:
       run_name, overrides = name, fixed + combo
       if seed is not None:
-        run_name = f"{name},seed={seed}" if axes else f"seed={seed}"
+        seed_name = f"{names[SEED_KEY]}={seed}"
+        run_name = f"{name},{seed_name}" if axes else seed_name
         overrides = overrides + [(SEED_KEY, str(seed))]
       run_dir = os.path.join(workdir, run_name) if axes or seeds else workdir
       runs.append(Run(run_name, run_dir, experiment, config, tuple(overrides), group=name))
@@ -123,6 +155,7 @@ def launch(opts, argv) -> int:
   --collect, only reads the run directories) and writes the table; the exit status (0, 1 or 2).
   opts: launch.py's parsed flags; argv: the command line recorded in results.md."""
   launcher = launchers.make(opts)
+  metrics = entry_points.metrics(opts.experiment, opts.metrics)
   module = entry_points.load_experiment(opts.experiment)
   seeds = parse_seeds(opts.seeds, opts.set, [*opts.sweep, *opts.vary])
   runs = plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds, opts.vary)
@@ -138,4 +171,4 @@ def launch(opts, argv) -> int:
   todo = rundirs.survey(runs, opts.collect)
   if todo:
     launcher.start(todo, opts.workdir)
-  return report.summarize(runs, opts.workdir, opts.metrics, seeds, argv, collect=opts.collect)
+  return report.summarize(runs, opts.workdir, list(metrics), seeds, argv, collect=opts.collect)

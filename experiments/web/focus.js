@@ -105,9 +105,26 @@ function render(data) {
       "Unknown words (read as <unk>, they add nothing): " + data.unknown_words.join(", ") : "";
 }
 
+function hasQuestion() {
+  // The words the server reads (stories.tokenize): a question without any is never sent.
+  return /[a-z0-9]/i.test($("question").value);
+}
+
+function showQuestionState() {
+  $("read").disabled = !hasQuestion();
+}
+
 async function read() {
   clearTimeout(timer);
+  showQuestionState();
   const id = ++requested;
+  if (!hasQuestion()) {  // asked to read (Enter, a control) with no question: say so, send nothing
+    clearOutput();
+    showError("The question is empty: type one, e.g. \"Where is Mary?\"");
+    document.body.dataset.state = "error";
+    document.body.dataset.reads = String(id);
+    return;
+  }
   document.body.dataset.state = "loading";
   const params = new URLSearchParams({
     story: $("story").value, question: $("question").value,
@@ -135,8 +152,11 @@ async function read() {
 }
 
 function later() {
+  // While typing: read once the typing pauses, and only when there is a question to send (a
+  // question being retyped is briefly empty; that is no request and no error).
   clearTimeout(timer);
-  timer = setTimeout(read, 250);
+  showQuestionState();
+  if (hasQuestion()) timer = setTimeout(() => { if (hasQuestion()) read(); }, 250);
 }
 
 async function init() {
