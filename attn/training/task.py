@@ -90,7 +90,8 @@ class Task(abc.ABC):
 
 @TASKS.register("translate")
 class TranslationTask(Task):
-  """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores."""
+  """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores;
+  the loss and output text of every task (the pointer-generator's and coverage's included)."""
 
   def model_config(self, cfg, bundle) -> ModelConfig:
     mc = ModelConfig.from_config(cfg, src_vocab=bundle.src_vocab.size,
