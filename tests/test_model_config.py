@@ -191,6 +191,7 @@ def test_both_architectures_implement_the_protocol(arch):
     (lambda: _rnn(scope="window", half_width=-1), "model.rnn.half_width must be positive, got -1"),
     (lambda: _rnn(half_width=0), "model.rnn.half_width must be positive, got 0"),
     (lambda: _rnn(temperature=0.0), "model.rnn.temperature must be > 0, got 0.0"),
+    (lambda: _rnn(scope="topk", top_k=0), "model.rnn.top_k must be positive, got 0"),
     # The Transformer's roles: the same check, the same words.
     (lambda: _transformer(cross=AttentionRole(scope="window", half_width=-1)),
      "model.transformer.cross.half_width must be positive, got -1"),
@@ -215,3 +216,14 @@ def test_length_limits_name_the_field_that_bounds_each_side():
   located = _transformer(dec_self=AttentionRole(score="location"))
   assert located.length_limits() == {"target": ("model.transformer.max_tgt_len", 128,
                                                  "model.transformer.dec_self.score='location'")}
+
+
+def test_an_rnn_with_topk_attention_keeps_top_k_keys_per_step():
+  # Before: model.rnn.scope=topk was offered but the RNN had no top_k to pass: a traceback
+  # ("scope 'topk' needs top_k=") inside the first step.
+  from model_configs import random_batch
+  model = build_model(_rnn(scope="topk", top_k=2, emb_dim=4, enc_hidden=4, dec_hidden=4,
+                           d_attn=4))
+  _, att = model.attention(random_batch([6, 4], [3, 5], 6, 5, V, V))
+  assert jax.numpy.isfinite(att.weights).all()
+  assert int((att.weights > 0).sum(-1).max()) == 2

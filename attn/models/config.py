@@ -55,6 +55,7 @@ class RNNConfig:
   temperature: float = option(1.0, "divides the scores before the normalizer")
   scope: str = option("global", "global | local_m | local_p | window | topk")
   half_width: int = option(5, "D of local windows")
+  top_k: int = option(8, "scope=topk: each query keeps its top_k highest-scoring keys")
   d_attn: int = option(256, "additive / local-p attention size")
   input_feeding: bool = option(True, "Luong: feed h~_{t-1} into the RNN")
   pointer: bool = option(
