@@ -9,6 +9,10 @@ another mesh). Several hosts: `--distributed=auto` inside a Slurm job or on a Cl
 `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` on each process; every
 process gets the same flags and --workdir (on a shared filesystem); see docs/scale.md.
 
+The pointer-generator and coverage (`--config.model.rnn.pointer=True` with
+`--config.data.shared_vocab=True --config.data.extended_vocab=True`; `model.rnn.coverage=True`)
+train here as in experiments/summarize.py: copying names is useful in translation too.
+
 Rerunning with the same --workdir resumes from its latest checkpoint. Writes config.json,
 metrics.jsonl (+ TensorBoard events), checkpoints/, best/, predictions.txt, results.json,
 attention.npz and attention.png into the workdir. Bad input (missing files, mismatched line

@@ -201,6 +201,17 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
     (["--set=model.rnn.emb_dim=big"],
      r"^error: flag --config\.model\.rnn\.emb_dim=big: invalid literal"),
     (["--set=train.steps=0"], r"^error: train\.steps=0 must be >= 1"),
+    # Before: these passed --dry_run and failed inside the run (a traceback in the first step
+    # or at the first evaluation), or trained every word as <unk>.
+    (["--set=model.rnn.pointer=True", "--set=data.shared_vocab=True",
+      "--set=data.extended_vocab=True", "--sweep=train.label_smoothing=0,0.1"],
+     r"^error: label_smoothing=0\.1: train\.label_smoothing=0\.1 with model\.rnn\.pointer=True: "
+     r"label smoothing is not defined"),
+    (["--set=model.rnn.score=location", "--sweep=model.max_src_len=16,8"],
+     r"^error: max_src_len=8: model\.max_src_len=8 is below the widest source batch, 16 tokens"),
+    (["--sweep=model.rnn.scope=window", "--set=model.rnn.half_width=-1"],
+     r"model\.rnn\.half_width must be positive, got -1"),
+    (["--set=data.vocab_size=3"], r"^error: data config: vocab_size=3 leaves no room for a word"),
 ])
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_bad_combinations_fail_before_anything_runs(tmp_path, fake, capsys, args, message,

@@ -182,3 +182,48 @@ def test_both_architectures_implement_the_protocol(arch):
   assert isinstance(model, Architecture) and model.cfg is cfg
   assert model.encoder.embed.num_embeddings == V
   assert cls.describe(cfg).keys() == {"decoder", "score", "normalizer", "scope", "temperature"}
+
+
+# ------------------------------------------------------------------- numbers and length limits
+
+@pytest.mark.parametrize("make,message", [
+    # Before: an RNN accepted these and failed (or divided by zero) inside the first step.
+    (lambda: _rnn(scope="window", half_width=-1), "model.rnn.half_width must be positive, got -1"),
+    (lambda: _rnn(half_width=0), "model.rnn.half_width must be positive, got 0"),
+    (lambda: _rnn(temperature=0.0), "model.rnn.temperature must be > 0, got 0.0"),
+    (lambda: _rnn(scope="topk", top_k=0), "model.rnn.top_k must be positive, got 0"),
+    # The Transformer's roles: the same check, the same words.
+    (lambda: _transformer(cross=AttentionRole(scope="window", half_width=-1)),
+     "model.transformer.cross.half_width must be positive, got -1"),
+    (lambda: _transformer(enc_self=AttentionRole(top_k=0)),
+     "model.transformer.enc_self.top_k must be positive, got 0"),
+])
+def test_attention_numbers_are_checked_alike_in_every_architecture(make, message):
+  with pytest.raises(ConfigError) as e:
+    make()
+  assert str(e.value) == message
+
+
+def test_length_limits_name_the_field_that_bounds_each_side():
+  assert _rnn().length_limits() == {}
+  assert _rnn(score="location").length_limits() == {
+      "source": ("model.max_src_len", 128, "model.rnn.score='location'")}
+  assert _transformer().length_limits() == {}  # sinusoids exist at every position
+  learned = _transformer(pos_encoding="learned", max_tgt_len=32).replace(max_src_len=40)
+  why = "model.transformer.pos_encoding='learned'"
+  assert learned.length_limits() == {"source": ("model.max_src_len", 40, why),
+                                     "target": ("model.transformer.max_tgt_len", 32, why)}
+  located = _transformer(dec_self=AttentionRole(score="location"))
+  assert located.length_limits() == {"target": ("model.transformer.max_tgt_len", 128,
+                                                 "model.transformer.dec_self.score='location'")}
+
+
+def test_an_rnn_with_topk_attention_keeps_top_k_keys_per_step():
+  # Before: model.rnn.scope=topk was offered but the RNN had no top_k to pass: a traceback
+  # ("scope 'topk' needs top_k=") inside the first step.
+  from model_configs import random_batch
+  model = build_model(_rnn(scope="topk", top_k=2, emb_dim=4, enc_hidden=4, dec_hidden=4,
+                           d_attn=4))
+  _, att = model.attention(random_batch([6, 4], [3, 5], 6, 5, V, V))
+  assert jax.numpy.isfinite(att.weights).all()
+  assert int((att.weights > 0).sum(-1).max()) == 2

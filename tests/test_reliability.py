@@ -20,6 +20,7 @@ from experiments.configs import translate as translate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = "--config=experiments/configs/translate.py:smoke"
+TRANSFORMER = "--config=experiments/configs/translate.py:demo_transformer"
 
 
 def _tiny(**train_kw):
@@ -142,6 +143,29 @@ def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_
   assert path.stat().st_size > 1000
 
 
+def test_translation_trains_the_pointer_generator_and_coverage(tmp_path):
+  # Before: experiments.translate accepted model.rnn.pointer / coverage and trained the plain
+  # loss: the p_gen gate kept its initial weights while decoding mixed in the copy
+  # distribution, and the coverage loss was dropped (loss == nll in metrics.jsonl).
+  from flax import nnx
+  from attn.models import build_model
+  c = _tiny(eval_every=4, checkpoint_every=4)
+  c.data.update(dict(shared_vocab=True, extended_vocab=True))
+  c.model.rnn.update(dict(pointer=True, coverage=True))
+  res = training.train_and_evaluate(c, str(tmp_path), task="translate")
+  assert res["model_config"]["rnn"]["pointer"] and np.isfinite(res["bleu"])
+  run = training.load_run(str(tmp_path), task="translate")
+  init = build_model(run.mc, seed=run.tc.seed)
+  trained, initial = (jax.tree.leaves(nnx.state(m.decoder.gate, nnx.Param))
+                      for m in (run.model, init))
+  assert trained and all(not np.array_equal(a, b) for a, b in zip(trained, initial))
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(l) for l in f]
+  train_rows = [r for r in rows if r.get("split") == "train"]
+  assert train_rows and all(r["loss"] > r["nll"] for r in train_rows)  # the coverage term
+  assert [r["step"] for r in rows if r.get("split") == "eval"] == [4]  # evaluation ran
+
+
 # ------------------------------------------------------------------------------ lost records
 
 def test_an_invalid_config_leaves_an_existing_workdir_untouched(tmp_path):
@@ -260,12 +284,41 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     (["--config.train.learning_rate=-0.01"], "learning_rate=-0.01"),
     (["--config.train.warmup_steps=-5"], "warmup_steps=-5"),
     (["--config.model.rnn.score=dot"], "does not fit decoder 'bahdanau'"),
+    # Before: every word <unk>, exit 0.
+    (["--config.data.vocab_size=1"], "data config: vocab_size=1 leaves no room for a word: the 4 "
+                                     "reserved ids (<pad> <s> </s> <unk>) count in it; use at "
+                                     "least 5, or 0 for no cap"),
+    # Before: a traceback inside the first jitted step, after the workdir files were written.
+    (["--config.model.rnn.scope=window", "--config.model.rnn.half_width=-1"],
+     "model.rnn.half_width must be positive, got -1"),
+    # Before: trained, then a traceback at the first evaluation (no src_ext to copy from).
+    (["--config.model.rnn.pointer=True"], "model.rnn.pointer=True needs data.extended_vocab=True"),
+    # Before: passed validation and launch --dry_run, then failed inside the first step.
+    (["--config.model.rnn.pointer=True", "--config.data.shared_vocab=True",
+      "--config.data.extended_vocab=True", "--config.train.label_smoothing=0.1"],
+     "train.label_smoothing=0.1 with model.rnn.pointer=True: label smoothing is not defined on "
+     "the pointer-generator's mixed distribution; set train.label_smoothing=0"),
+    # Before: trained, and the first evaluation died with a traceback (learned positions, and
+    # the location score's weights, end at model.max_src_len).
+    ([TRANSFORMER, "--config.model.transformer.pos_encoding=learned",
+      "--config.model.max_src_len=20"],
+     "model.max_src_len=20 is below the widest source batch, 28 tokens (data.max_src_len=28): "
+     "with model.transformer.pos_encoding='learned' the model has no position past "
+     "model.max_src_len; raise it to 28 or narrow the data"),
+    ([TRANSFORMER, "--config.model.transformer.pos_encoding=learned",
+      "--config.model.transformer.max_tgt_len=16", "--config.data.length_multiple=8"],
+     "model.transformer.max_tgt_len=16 is below the widest target batch, 32 tokens "
+     "(data.max_tgt_len=28 rounded up to a multiple of data.length_multiple=8)"),
+    (["--config.model.rnn.score=location", "--config.model.max_src_len=8"],
+     "model.max_src_len=8 is below the widest source batch, 16 tokens (data.max_src_len=16): "
+     "with model.rnn.score='location' the model"),
 ])
 def test_command_line_mistakes_are_one_line(tmp_path, args, expect):
-  p = _cli(SMOKE, f"--workdir={tmp_path / 'wd'}", *args)
+  config = [a for a in args if a.startswith("--config=")] or [SMOKE]
+  p = _cli(*config, f"--workdir={tmp_path / 'wd'}", *[a for a in args if a not in config])
   assert p.returncode == 2
   assert expect in _one_error_line(p)
-  assert not (tmp_path / "wd" / "config.json").exists()
+  assert not (tmp_path / "wd").exists()  # refused before the workdir was touched
 
 
 @pytest.mark.parametrize("make,expect", [

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from attn import training
+from attn import data, training
 from experiments.configs import summarize as summarize_configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,3 +150,35 @@ def test_cnn_dailymail_through_the_pipeline_with_mock_data(tmp_path):
   assert res["split"] == "test" and np.isfinite(res["rouge1"])
   with open(tmp_path / "wd" / "predictions.txt") as f:
     assert len(f.read().splitlines()) == 6
+
+
+def test_reference_fields_listing_the_target_are_refused_and_rouge_means_distinct_references(
+    tmp_path):
+  # Before: data.reference_fields=subject,ann0 scored the subject twice, and the mean over an
+  # example's references leaned to it ((2 F(subject) + F(ann0)) / 3).
+  d = tmp_path / "mail"
+  d.mkdir()
+  _write_jsonl(d / "train.jsonl.gz", [{"email": "cat dog sun", "subject": "cat dog"}] * 4)
+  _write_jsonl(d / "dev.jsonl.gz", [{"email": "cat dog sun", "subject": "cat dog",
+                                     "ann0": "sun moon"}])
+  p = subprocess.run(
+      [sys.executable, "-m", "experiments.summarize",
+       "--config=experiments/configs/summarize.py:smoke", f"--config.data.dir={d}",
+       "--config.data.reference_fields=subject,ann0", f"--workdir={tmp_path / 'wd'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2, p.stderr[-2000:]
+  errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+  assert errors == ["error: data config: reference_fields=subject,ann0 lists the target field "
+                    "'subject', which is always the first reference (it would be scored twice); "
+                    "list only the other references"], p.stderr[-2000:]
+  assert not (tmp_path / "wd").exists()
+  c = summarize_configs.get_config("smoke")
+  c.data.update(dict(dir=str(d), reference_fields=("ann0",), cache_dir=str(tmp_path / "cache"),
+                     min_freq=1, num_threads=0))
+  bundle = data.load(c.data)
+  scores = training.get_task("summarize").score(bundle, "test", {0: "cat dog sun"}, {0: 4})
+  # By hand, ROUGE-1 F1 of "cat dog sun": against "cat dog" P = 2/3, R = 1 -> 0.8; against
+  # "sun moon" P = 1/3, R = 1/2 -> 0.4. The mean over the two references is 60 (the subject
+  # counted twice gave 66.7), the best 80.
+  assert scores["rouge1"] == pytest.approx(100 * (0.8 + 0.4) / 2)
+  assert scores["rouge1_max"] == pytest.approx(80)

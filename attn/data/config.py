@@ -13,6 +13,10 @@ import dataclasses
 from attn.config import configurable
 from attn.config.configurable import option
 from attn.data.base import DataError
+from attn.data.tokens import SPECIAL_TOKENS
+
+# The smallest vocabulary cap that holds a word: the reserved ids count in it.
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 1
 
 # old name -> new name of renamed fields, so that a run's recorded config.json still loads
 _RENAMED = {"src_field": "source_field", "tgt_field": "target_field"}
@@ -35,7 +39,8 @@ class DataConfig:
   target_field: str = option("", "jsonl/tfds: target field")
   reference_fields: tuple[str, ...] = option(
       (), "jsonl/tfds: more reference fields of eval/test records (e.g. ann0,ann1,ann2), only "
-          "scored, never trained on; the train split is not read for them and may lack them")
+          "scored, never trained on; the train split is not read for them and may lack them; the "
+          "target field is always the first reference and is not listed again")
   tfds_name: str = option("", "tfds: e.g. 'ted_hrlr_translate/pt_to_en' (prepared as array_record)")
   tfds_data_dir: str = option("", "tfds: data_dir of the prepared dataset ('' = TFDS default)")
   cache_dir: str = option(
@@ -51,7 +56,8 @@ class DataConfig:
       False, "batches carry src_ext/tgt_ext, ids on each example's source-extended vocabulary, "
              "for copying models (pointer-generator); needs shared_vocab")
   vocab_size: int = option(
-      0, "cap on vocabulary size incl. the 4 specials (0 = none; sentencepiece: 8000)")
+      0, f"cap on vocabulary size incl. the {len(SPECIAL_TOKENS)} specials, at least "
+         f"{MIN_VOCAB_SIZE} (0 = none; sentencepiece: 8000)")
   min_freq: int = option(2, "tokens seen fewer times in the training split map to <unk>")
   # lengths and bad input
   max_src_len: int = option(128, "longest source row, EOS included")
@@ -143,6 +149,10 @@ class DataConfig:
             f"bucket_boundaries={self.bucket_boundaries}: one bucket must be the widest on both "
             f"sides (add {top}), so every example fits somewhere")
     check(self.min_freq >= 1 and self.vocab_size >= 0, "min_freq >= 1, vocab_size >= 0")
+    check(self.vocab_size == 0 or self.vocab_size >= MIN_VOCAB_SIZE,
+          f"vocab_size={self.vocab_size} leaves no room for a word: the {len(SPECIAL_TOKENS)} "
+          f"reserved ids ({' '.join(SPECIAL_TOKENS)}) count in it; use at least "
+          f"{MIN_VOCAB_SIZE}, or 0 for no cap")
     check(self.shared_vocab or not self.extended_vocab,
           "extended_vocab=True needs shared_vocab=True (a target token is copied by its position "
           "in the source, so both sides must have the same ids)")
@@ -150,6 +160,7 @@ class DataConfig:
     check(all(isinstance(f, str) and f and "," not in f for f in refs)
           and len(set(refs)) == len(refs),
           f"reference_fields={refs!r} must be distinct field names (a tuple, or one comma string)")
+    check_reference_fields(refs, self.target_field)
     check(self.train_size >= 1 and self.eval_size >= 0 and self.test_size >= 0, "task sizes")
     check(self.min_year <= self.max_year, "min_year <= max_year")
     check(self.train_split != "", "train_split must name a split")
@@ -160,3 +171,29 @@ class DataConfig:
   @property
   def eval_bs(self) -> int:
     return self.eval_batch_size or self.batch_size
+
+  @property
+  def widest_batch(self) -> dict[str, tuple[int, str]]:
+    """{"source" | "target": (the widest batch that side can have, EOS included, and what sets
+    it)}: the widest of bucket_boundaries, else max_src_len / max_tgt_len rounded up to a
+    multiple of length_multiple (the widths buckets are chosen from)."""
+    if self.bucket_boundaries:
+      return {side: (max(b[i] for b in self.bucket_boundaries),
+                     f"the widest of data.bucket_boundaries={list(self.bucket_boundaries)}")
+              for i, side in enumerate(("source", "target"))}
+    out = {}
+    for side, name in (("source", "max_src_len"), ("target", "max_tgt_len")):
+      cap, m = getattr(self, name), self.length_multiple
+      width = -(-cap // m) * m
+      out[side] = (width, f"data.{name}={cap}" + (
+          f" rounded up to a multiple of data.length_multiple={m}" if width != cap else ""))
+    return out
+
+
+def check_reference_fields(reference_fields: tuple[str, ...], target_field: str) -> None:
+  """The target field is every example's first reference: listed again among the reference
+  fields it would count twice in the mean over references (DataError)."""
+  if target_field and target_field in reference_fields:
+    raise DataError(f"data config: reference_fields={','.join(reference_fields)} lists the "
+                    f"target field {target_field!r}, which is always the first reference (it "
+                    "would be scored twice); list only the other references")

@@ -21,7 +21,7 @@ import numpy as np
 
 from attn.data import builtin_tasks, corpora, tfds_sources
 from attn.data.base import ROLES, DataError, register_source
-from attn.data.config import DataConfig
+from attn.data.config import DataConfig, check_reference_fields
 from attn.data.tokenize import TokenizerSpec
 
 _SPLIT_RE = re.compile(r"^\w+$")
@@ -260,6 +260,7 @@ class TfdsSource(Source):
       raise DataError("data.task=tfds needs data.tfds_name (e.g. ted_hrlr_translate/pt_to_en)")
     self.fields = tfds_sources.fields_for(c.tfds_name, c.src_lang, c.tgt_lang, c.source_field,
                                           c.target_field)
+    check_reference_fields(c.reference_fields, self.fields[1])  # a default target field too
     for role, split in self.splits().items():
       ds = tfds_sources.open_split(c.tfds_name, split, c.tfds_data_dir)
       if len(ds):

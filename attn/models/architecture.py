@@ -57,6 +57,13 @@ class Architecture(Protocol):
   def output_width(cfg: ModelConfig) -> int:
     """Width D of the features the [D, V] output layer reads."""
 
+  @staticmethod
+  def length_limits(cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:
+    """The widest batch it takes on each side it bounds (a learned position table, a
+    `location` score's weights): {"source" | "target": (the model field that bounds it, its
+    value, the setting that makes it a bound)}; a side left out takes any width. Checked
+    against the data's widest batch before a run starts."""
+
   # -- training
 
   cfg: ModelConfig
@@ -103,4 +110,4 @@ class Architecture(Protocol):
 
 METHODS = ("__call__", "initial_decode_state", "step_fn", "attention", "counterfactual")
 CLASS_FACTS = ("check_config", "check_shapes", "attends", "describe", "forward_flops",
-               "output_width")
+               "output_width", "length_limits")

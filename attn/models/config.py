@@ -55,6 +55,7 @@ class RNNConfig:
   temperature: float = option(1.0, "divides the scores before the normalizer")
   scope: str = option("global", "global | local_m | local_p | window | topk")
   half_width: int = option(5, "D of local windows")
+  top_k: int = option(8, "scope=topk: each query keeps its top_k highest-scoring keys")
   d_attn: int = option(256, "additive / local-p attention size")
   input_feeding: bool = option(True, "Luong: feed h~_{t-1} into the RNN")
   pointer: bool = option(
@@ -158,6 +159,12 @@ class ModelConfig:
     self.architecture.check_shapes(self)
     return self
 
+  def length_limits(self) -> dict[str, tuple[str, int, str]]:
+    """The widest batch the model takes on each side it bounds: {"source" | "target": (the model
+    field that bounds it, its value, the setting that makes it a bound)}; a side left out takes
+    any width (the architecture's `length_limits`)."""
+    return self.architecture.length_limits(self)
+
   @property
   def has_attention(self) -> bool:
     return self.architecture.attends(self)
@@ -198,6 +205,18 @@ class ModelConfig:
                         + " (each architecture's settings have their own section)")
     return configurable.from_config(cls, given, section="model", src_vocab=src_vocab,
                                     tgt_vocab=tgt_vocab)
+
+
+def check_attention_numbers(where: str, settings) -> None:
+  """The numbers of one attention's settings (a Transformer role, model.rnn), each architecture's
+  one check of them: temperature > 0; half_width and top_k, where the section has them, >= 1
+  (a scope reads them only inside the first traced step). ConfigError naming `where`.field."""
+  if not settings.temperature > 0:
+    raise ConfigError(f"{where}.temperature must be > 0, got {settings.temperature}")
+  for name in ("half_width", "top_k"):
+    value = getattr(settings, name, None)
+    if value is not None and value < 1:
+      raise ConfigError(f"{where}.{name} must be positive, got {value}")
 
 
 def _replace_path(obj, path: str, value):

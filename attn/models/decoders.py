@@ -250,7 +250,8 @@ class AttentionMixin:
     run = jax.checkpoint(functools.partial(
         attn.attend, score=cfg.rnn.score, normalizer=cfg.rnn.normalizer,
         temperature=cfg.rnn.temperature,
-        scope=cfg.rnn.scope, half_width=cfg.rnn.half_width, keys_prepared=True, return_scores=True))
+        scope=cfg.rnn.scope, half_width=cfg.rnn.half_width, top_k=cfg.rnn.top_k,
+        keys_prepared=True, return_scores=True))
     keys = memory["keys"] if keys is None else keys
     ctx, w, e = run(values(self.score_params), q, keys, memory["values"], mask=mask,
                     scope_params=values(self.scope_params), positions=positions)

@@ -11,6 +11,8 @@ carries its own facts and pure functions (no caller tests an encoding's name):
   before the score. x: [B, H, T, dh]; positions: [B or 1, T] int.
 - `bias(num_heads, q_pos, k_pos) -> [B or 1, H, Tq, Tk] | None`: added to the self-attention
   scores (attn.attend's `bias`). q_pos: [B or 1, Tq], k_pos: [B or 1, Tk] int.
+- `bounded`: True when positions past a table's length do not exist (the widest batch each
+  side takes: model.max_src_len, model.transformer.max_tgt_len).
 - `forms_bias`: True when `bias` adds to the scores: the fused kernels and linear attention
   form no scores, so such a self-attention runs unfused (and cannot be linear).
 - `unsupported(cfg, role) -> str | None`: why a self-attention variant cannot carry it.
@@ -45,6 +47,7 @@ def _angles(positions, d):
 class PositionalEncoding:
   """No positions: the model sees its inputs as sets (the encoder is permutation-equivariant)."""
   forms_bias = False
+  bounded = False
 
   @staticmethod
   def init(key, max_len, d_model):
@@ -98,6 +101,7 @@ class Sinusoidal(PositionalEncoding):
 @registries.POS_ENCODINGS.register("learned")
 class Learned(PositionalEncoding):
   """A learned embedding per absolute position (Gehring et al. 2017), up to the table's length."""
+  bounded = True
 
   @staticmethod
   def init(key, max_len, d_model):

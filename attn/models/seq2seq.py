@@ -18,7 +18,7 @@ from attn.errors import ConfigError
 from attn.models import copying
 from attn.models import registries
 from attn.models import decoders as _decoders  # noqa: F401  (registers the decoders)
-from attn.models.config import ModelConfig, RNNConfig
+from attn.models.config import ModelConfig, RNNConfig, check_attention_numbers
 from attn.models.encoder import Encoder
 from attn.data.tokens import BOS
 
@@ -48,6 +48,7 @@ class Seq2Seq(nnx.Module):
                           f"{', '.join(kinds.names())}")
     if min(r.emb_dim, r.enc_hidden, r.dec_hidden) < 1:
       raise ConfigError("model.rnn.emb_dim, enc_hidden and dec_hidden must be positive")
+    check_attention_numbers("model.rnn", r)
     if cfg.fused:
       why = (registries.DECODERS.get(r.decoder).fused_unsupported(cfg)
              or core.fused_unsupported(r.score, r.normalizer, r.scope))
@@ -82,6 +83,14 @@ class Seq2Seq(nnx.Module):
   @staticmethod
   def attends(cfg: ModelConfig) -> bool:
     return registries.DECODERS.get(cfg.rnn.decoder).has_attention
+
+  @staticmethod
+  def length_limits(cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:
+    """A positional score (location: a weight per source position) bounds the source."""
+    r = cfg.rnn
+    if not (Seq2Seq.attends(cfg) and registry.get(r.score, "score").positional):
+      return {}
+    return {"source": ("model.max_src_len", cfg.max_src_len, f"model.rnn.score={r.score!r}")}
 
   @staticmethod
   def describe(cfg: ModelConfig) -> dict:

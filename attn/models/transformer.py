@@ -33,7 +33,7 @@ from flax import nnx
 from attn import registry
 from attn.errors import ConfigError
 from attn.models import registries
-from attn.models.config import ModelConfig, TransformerConfig
+from attn.models.config import ModelConfig, TransformerConfig, check_attention_numbers
 from attn.models.decoders import StepAttention
 from attn.models.positions import PositionalEncoding
 from attn.models.seq2seq import shift_right
@@ -100,6 +100,24 @@ class Transformer(nnx.Module):
   def attends(cfg: ModelConfig) -> bool:
     del cfg
     return True
+
+  @staticmethod
+  def length_limits(cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:
+    """A learned position table bounds both sides (model.max_src_len, .transformer.max_tgt_len),
+    as does a positional score (location) on the roles whose keys lie on that side."""
+    tc = cfg.transformer
+    bounds = {"source": ("model.max_src_len", cfg.max_src_len),
+              "target": ("model.transformer.max_tgt_len", tc.max_tgt_len)}
+    out = {}
+    if registries.POS_ENCODINGS.get(tc.pos_encoding).bounded:
+      why = f"model.transformer.pos_encoding={tc.pos_encoding!r}"
+      return {side: (*bound, why) for side, bound in bounds.items()}
+    for field, spec in ROLES.items():
+      score = getattr(tc, field).score
+      side = "target" if spec.keys_on_target else "source"
+      if registry.get(score, "score").positional and side not in out:
+        out[side] = (*bounds[side], f"model.transformer.{field}.score={score!r}")
+    return out
 
   @staticmethod
   def describe(cfg: ModelConfig) -> dict:
@@ -238,11 +256,7 @@ def _check_role(cfg: ModelConfig, field: str, spec: Role, pos) -> None:
       registry.get(getattr(role, name), kind)
     except KeyError as e:
       raise ConfigError(f"{where}.{name}: {e.args[0]}") from None
-  if not role.temperature > 0:
-    raise ConfigError(f"{where}.temperature must be > 0, got {role.temperature}")
-  for name in ("half_width", "top_k"):
-    if getattr(role, name) < 1:
-      raise ConfigError(f"{where}.{name} must be positive, got {getattr(role, name)}")
+  check_attention_numbers(where, role)
   why = pos.unsupported(cfg, role) if spec.self_attention else None
   if why:
     raise ConfigError(f"{where} with model.transformer.pos_encoding="

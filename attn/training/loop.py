@@ -138,8 +138,7 @@ def validate_config(config, task: Task | str = "translate") -> TrainConfig:
     if section not in config:
       raise ConfigError(f"the config has no `{section}` section")
   tc = TrainConfig.from_config(config.train)
-  DataConfig.from_config(config.data)
-  task.check_model_config(config.model)
+  task.check_model_config(config.model, DataConfig.from_config(config.data), tc)
   return tc
 
 

@@ -1,11 +1,5 @@
-"""The summarization task: the translation task's models and loop, scored with ROUGE, plus the
-pointer-generator's loss and outputs on each example's source-extended vocabulary.
-
-With model.pointer the loss is -log P(y_t) of the mixed distribution (attn.models.copying) on
-`tgt_ext` (a target word outside the vocabulary that occurs in the source is a copy target);
-with model.coverage, coverage_loss_weight * sum_t sum_i min(a^t_i, c^t_i) joins it (See et al.
-2017, eq. 13). Outputs with ids >= V are the source's out-of-vocabulary words, written back as
-text from that example's source.
+"""The summarization task: the translation task's models, loss and loop (the pointer-generator
+and coverage included, attn.training.task), scored with ROUGE against every reference.
 
 Figures of the decoded outputs (results.json, see `analysis`): how much is copied, how many
 out-of-vocabulary reference words come back through copying, how often trigrams repeat.
@@ -13,20 +7,11 @@ out-of-vocabulary reference words come back through copying, how often trigrams 
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from attn.evaluation import metrics as metrics_lib
-from attn.errors import ConfigError
-from attn.models import copying, sequence_loss
 from attn.data.tokens import EOS, UNK
 from attn.training.task import TASKS, TranslationTask
-
-
-def _target_mask(batch):
-  Tt = batch["tgt"].shape[1]
-  return (jnp.arange(Tt)[None, :] < batch["tgt_lengths"][:, None]).astype(jnp.float32)
 
 
 def repeated_ngram_rate(outputs, n: int = 3) -> float:
@@ -46,56 +31,8 @@ def repeated_ngram_rate(outputs, n: int = 3) -> float:
 @TASKS.register("summarize")
 class SummarizationTask(TranslationTask):
   """Seq2seq summarization: ROUGE-1/2/L F1 against every reference (data.reference_fields),
-  the pointer-generator and coverage when the model has them."""
-
-  def model_config(self, cfg, bundle):
-    mc = super().model_config(cfg, bundle)
-    if mc.rnn.pointer and not bundle.config.extended_vocab:
-      raise ConfigError("model.rnn.pointer=True needs data.extended_vocab=True (batches on each "
-                        "example's source-extended vocabulary)")
-    return mc
-
-  def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
-    cfg = model.cfg.rnn
-    logits, att = model.attention(batch, dropout_key)
-    mask = _target_mask(batch)
-    if cfg.pointer:
-      if label_smoothing:
-        raise ConfigError("train.label_smoothing is not defined for the pointer-generator's "
-                          "mixed distribution; set it to 0")
-      logp = copying.gold_log_prob(logits, att.p_gen_logit, att.weights, batch["src_ext"],
-                                   batch["tgt_ext"])
-      nll = -jnp.sum(logp * mask)
-      total, ntok = nll, jnp.sum(mask)
-    else:
-      total, ntok, nll = sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], label_smoothing)
-    if cfg.coverage and cfg.coverage_loss_weight:
-      total = total + cfg.coverage_loss_weight * copying.coverage_loss(att.weights, mask)
-    return total, ntok, nll
-
-  # -- text of outputs on the extended vocabulary
-
-  def _source_oovs(self, bundle, role) -> list[list[str]]:
-    """Per example_id: the distinct out-of-vocabulary words of its (truncated) source, in the
-    order that numbers them V, V + 1, ... (as the data pipeline's src_ext does). Computed once
-    per split of a bundle."""
-    cache = self.__dict__.setdefault("_oov_cache", {})
-    key = (id(bundle), role)
-    if key not in cache:  # the bundle is kept with its entry, so its id is not reused
-      cache[key] = (bundle, bundle.source_oovs(role))
-    return cache[key][1]
-
-  def output_text(self, bundle, role, example_id, ids):
-    if not bundle.config.extended_vocab:
-      return super().output_text(bundle, role, example_id, ids)
-    return bundle.tgt_vocab.decode_extended(ids, self._source_oovs(bundle, role)[example_id])
-
-  def output_labels(self, bundle, role, example_id, ids):
-    if not bundle.config.extended_vocab:
-      return super().output_labels(bundle, role, example_id, ids)
-    return bundle.tgt_vocab.labels_extended(ids, self._source_oovs(bundle, role)[example_id])
-
-  # -- scores
+  and figures of how the outputs copy; the pointer-generator and coverage train as in every
+  task (attn.training.task)."""
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """ROUGE-1/2/L F1 x100: `rougeN` the mean over an example's references, `rougeN_max` the

@@ -4,17 +4,27 @@ how to decode.
 A task is registered by name in `TASKS`; `train_and_evaluate(config, workdir,
 task=...)` looks it up. Translation is the first; summarization and other models plug in by
 subclassing `Task` rather than copying the loop.
+
+The model's training objective is the same in every task: the pointer-generator's loss on each
+example's source-extended vocabulary (model.rnn.pointer: -log P(y_t) of the mixed distribution,
+attn.models.copying, on `tgt_ext`; a target word outside the vocabulary that occurs in the
+source is a copy target) and the coverage loss (model.rnn.coverage: coverage_loss_weight *
+sum_t sum_i min(a^t_i, c^t_i), See et al. 2017, eq. 13) train wherever the model has them, and
+outputs with ids >= V are written back as words of that example's source.
 """
 
 from __future__ import annotations
 
 import abc
 
+import jax.numpy as jnp
+
 from attn import decoding
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
 from attn.evaluation import metrics as metrics_lib
 from attn.errors import ConfigError
-from attn.models import ModelConfig, build_model, match_param_count, sequence_loss
+from attn.models import (ModelConfig, build_model, copying, match_param_count,
+                         sequence_loss)
 from attn.registry import Registry
 
 # What a run trains for (translate, summarize): entries are `Task` subclasses.
@@ -30,9 +40,10 @@ class Task(abc.ABC):
     """The frozen model config from the config's `model` section and the loaded data."""
 
   @abc.abstractmethod
-  def check_model_config(self, cfg) -> None:
-    """Validates the `model` section before any data is read (vocabulary sizes still unknown);
-    raises ConfigError naming the field."""
+  def check_model_config(self, cfg, data, train) -> None:
+    """Validates the `model` section, and where it meets the data and train sections (a
+    DataConfig, a TrainConfig), before any data is read (vocabulary sizes still unknown);
+    raises ConfigError naming the fields."""
 
   @abc.abstractmethod
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
@@ -79,7 +90,8 @@ class Task(abc.ABC):
 
 @TASKS.register("translate")
 class TranslationTask(Task):
-  """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores."""
+  """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores;
+  the loss and output text of every task (the pointer-generator's and coverage's included)."""
 
   def model_config(self, cfg, bundle) -> ModelConfig:
     mc = ModelConfig.from_config(cfg, src_vocab=bundle.src_vocab.size,
@@ -90,15 +102,31 @@ class TranslationTask(Task):
     # The match is resolved into dec_hidden: the config of record is the concrete model.
     return mc.replace_paths({"rnn.match_params_of": ""})
 
-  def check_model_config(self, cfg) -> None:
-    ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8).validate()  # placeholder vocabularies
+  def check_model_config(self, cfg, data, train) -> None:
+    mc = ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8)  # placeholder vocabularies
+    check_sections(mc.validate(), data, train)
 
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
     return build_model(model_config, seed=seed, compute_dtype=compute_dtype)
 
   def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
-    logits, _ = model(batch, dropout_key=dropout_key)
-    return sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], label_smoothing)
+    """The cross-entropy of the targets, or the pointer-generator's on the extended vocabulary
+    (model.rnn.pointer; no label smoothing, check_sections), plus the coverage loss
+    (model.rnn.coverage; not in the returned NLL)."""
+    cfg = model.cfg.rnn  # every architecture's config has it (a Transformer's at its defaults)
+    logits, att = model.attention(batch, dropout_key)
+    Tt = batch["tgt"].shape[1]
+    mask = (jnp.arange(Tt)[None, :] < batch["tgt_lengths"][:, None]).astype(jnp.float32)
+    if cfg.pointer:
+      logp = copying.gold_log_prob(logits, att.p_gen_logit, att.weights, batch["src_ext"],
+                                   batch["tgt_ext"])
+      nll = -jnp.sum(logp * mask)
+      total, ntok = nll, jnp.sum(mask)
+    else:
+      total, ntok, nll = sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], label_smoothing)
+    if cfg.coverage and cfg.coverage_loss_weight:
+      total = total + cfg.coverage_loss_weight * copying.coverage_loss(att.weights, mask)
+    return total, ntok, nll
 
   def decode(self, model, batch, *, max_len, search):
     src = batch["src"]
@@ -116,6 +144,30 @@ class TranslationTask(Task):
 
   def attention(self, model, batch):
     return model.attention(batch)[1]
+
+  # -- text of outputs on the extended vocabulary
+
+  def _source_oovs(self, bundle, role) -> list[list[str]]:
+    """Per example_id: the distinct out-of-vocabulary words of its (truncated) source, in the
+    order that numbers them V, V + 1, ... (as the data pipeline's src_ext does). Computed once
+    per split of a bundle."""
+    cache = self.__dict__.setdefault("_oov_cache", {})
+    key = (id(bundle), role)
+    if key not in cache:  # the bundle is kept with its entry, so its id is not reused
+      cache[key] = (bundle, bundle.source_oovs(role))
+    return cache[key][1]
+
+  def output_text(self, bundle, role, example_id, ids):
+    if not bundle.config.extended_vocab:
+      return super().output_text(bundle, role, example_id, ids)
+    return bundle.tgt_vocab.decode_extended(ids, self._source_oovs(bundle, role)[example_id])
+
+  def output_labels(self, bundle, role, example_id, ids):
+    if not bundle.config.extended_vocab:
+      return super().output_labels(bundle, role, example_id, ids)
+    return bundle.tgt_vocab.labels_extended(ids, self._source_oovs(bundle, role)[example_id])
+
+  # -- scores
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """BLEU/chrF for text tasks, exact match (+ per source-length bucket) for built-in tasks."""
@@ -139,3 +191,25 @@ class TranslationTask(Task):
 
 def get_task(name: str) -> Task:
   return TASKS.get(name)()
+
+
+def check_sections(mc: ModelConfig, data, train) -> None:
+  """The rules where the model section meets the data section (a DataConfig) and the train
+  section (a TrainConfig), checked before anything is read or written: ConfigError naming the
+  settings on both sides."""
+  r = mc.rnn
+  if r.pointer and not data.extended_vocab:
+    raise ConfigError("model.rnn.pointer=True needs data.extended_vocab=True (and "
+                      "data.shared_vocab=True): the copy targets are ids on each example's "
+                      "source-extended vocabulary")
+  if r.pointer and train.label_smoothing:
+    raise ConfigError(f"train.label_smoothing={train.label_smoothing} with model.rnn.pointer="
+                      "True: label smoothing is not defined on the pointer-generator's mixed "
+                      "distribution; set train.label_smoothing=0")
+  widest = data.widest_batch
+  for side, (field, limit, why) in mc.length_limits().items():
+    width, source = widest[side]
+    if limit < width:
+      raise ConfigError(f"{field}={limit} is below the widest {side} batch, {width} tokens "
+                        f"({source}): with {why} the model has no position past {field}; "
+                        f"raise it to {width} or narrow the data")
