@@ -46,7 +46,7 @@ import numpy as np
 
 from attn.data import bucketing
 from attn.data import vocab_record
-from attn.data.base import SOURCES, DataError
+from attn.data.base import SOURCES, DataError, disk_error, disk_full
 from attn.data.collate import Collate
 from attn.data.config import DataConfig
 from attn.data.splits import SplitData, apply_policies, scan, token_counts
@@ -280,6 +280,17 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
                     "has no reference fields (only jsonl and tfds records do)")
   if workdir:  # before anything is written: a resumed run reuses the saved vocabularies
     vocab_record.check(cfg, source, workdir)
+  try:
+    return _load(cfg, source, workdir)
+  except OSError as e:  # a full disk under the vocabularies or the lengths (the cache: builders)
+    if not disk_error(e):
+      raise
+    raise disk_full(e, f"the data files in {workdir or _cache_dir(cfg, workdir)}") from e
+
+
+def _load(cfg: DataConfig, source, workdir: str | None) -> DataBundle:
+  """load() after the checks that read only."""
+  if workdir:
     os.makedirs(workdir, exist_ok=True)
   source.prepare(_cache_dir(cfg, workdir))
   roles = source.splits()

@@ -310,9 +310,9 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   try:
     with guard:
       if run.eval_pending and "eval" in run.bundle.splits:  # it was interrupted: before a step
+        # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
         log.info(f"evaluating step {run.step}, whose evaluation was interrupted")
         _evaluate(run, ckpt, writer)
-        resume.save(ckpt, ckpt.latest, run)
       while (not spent and run.step < tc.steps
              and (stop_after is None or run.step - step_start < stop_after)):
         batch = run.device_batch(next(it))
@@ -386,7 +386,8 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
   score = tuple(ev[k] for k in run.task.selection_metrics(run.bundle))
   if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
     run.best_score, run.best_step, run.best_eval = score, run.step, floats
-    resume.save(ckpt, ckpt.best, run)
+    if ckpt.best.latest_step() != run.step:  # (else saved by an interrupted earlier attempt)
+      resume.save(ckpt, ckpt.best, run)
   run.eval_pending = False
 
 
