@@ -270,7 +270,8 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
 
   workdir: where vocabularies (vocab.{src,tgt|shared}.json), cached lengths and, unless
   data.cache_dir is set, the TFDS-format copies of generated/local data go; a second call with the
-  same workdir reuses them (resume). None keeps vocabularies in memory only.
+  same workdir reuses them (resume), and refuses settings the vocabularies were not built with
+  (attn.data.vocab_record). None keeps vocabularies in memory only.
   Raises DataError for bad input or config.
   """
   cfg = DataConfig.from_config(data_config)
