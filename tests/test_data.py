@@ -611,7 +611,7 @@ def test_workdir_vocab_reused_and_checked(tmp_path):
   again = data.load(text_config(tmp_path, d), str(work))
   assert again.src_vocab.tokens == first.src_vocab.tokens
   assert os.path.getmtime(work / "vocab.src.json") == stamp
-  with pytest.raises(data.DataError, match="was built with tokenizer"):
+  with pytest.raises(data.DataError, match="data.tokenizer=.word. there, .char. here"):
     data.load(text_config(tmp_path, d, tokenizer="char"), str(work))
 
 

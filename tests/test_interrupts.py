@@ -48,3 +48,27 @@ def test_the_previous_handler_is_restored():
   with InterruptGuard():
     assert signal.getsignal(signal.SIGINT) is not before
   assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_exits_130_at_once_whatever_threads_still_run(tmp_path):
+  """The entry points' Ctrl-C path ends the process itself (cli.exit_now): a thread still at work
+  (as XLA's, tensorstore's or grain's may be during set-up) neither delays the exit nor runs
+  under an interpreter being torn down."""
+  import subprocess
+  import sys
+  import time
+  script = tmp_path / "main.py"
+  script.write_text(
+      "import threading, time\n"
+      "from attn.launching import cli\n"
+      "def main(argv):\n"
+      "  threading.Thread(target=time.sleep, args=(600,)).start()\n"
+      "  print('set up', flush=True)\n"
+      "  raise KeyboardInterrupt\n"
+      "cli.run(main)\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  t0 = time.time()
+  p = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True,
+                     timeout=60, env={**os.environ, "PYTHONPATH": root})
+  assert (p.returncode, p.stdout, p.stderr) == (130, "set up\n", "interrupted\n")
+  assert time.time() - t0 < 30

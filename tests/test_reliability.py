@@ -3,6 +3,7 @@ a bad config on an existing workdir, another model's checkpoints, two runs on on
 kill -9, Ctrl-C, a full disk, and command-line mistakes. Each must end in one clear line (or a
 correct result) with nothing already computed lost. docs/reliability.md lists them."""
 
+import errno
 import json
 import os
 import signal
@@ -14,8 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from attn import training
+from attn import data, training
+from attn.errors import ConfigError, DataError
 from attn.training import evaluation, loop, workdir as workdir_lib
+from experiments.configs import data as data_presets
 from experiments.configs import translate as translate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,7 +169,108 @@ def test_translation_trains_the_pointer_generator_and_coverage(tmp_path):
   assert [r["step"] for r in rows if r.get("split") == "eval"] == [4]  # evaluation ran
 
 
+def test_ctrl_c_during_the_last_evaluation_resumes_to_the_uninterrupted_result(tmp_path,
+                                                                                 monkeypatch):
+  """The checkpoint saved on Ctrl-C during the evaluation of the last step says the evaluation is
+  due; the rerun runs it first, so it ends where the uninterrupted twin does."""
+  tiny = lambda: _tiny(steps=4, eval_every=2, checkpoint_every=2)
+  twin = training.train_and_evaluate(tiny(), str(tmp_path / "twin"))
+  real = evaluation.evaluate
+
+  def ctrl_c_at_the_last_step(run, *args, **kwargs):
+    if run.step == 4:
+      raise KeyboardInterrupt
+    return real(run, *args, **kwargs)
+  monkeypatch.setattr(evaluation, "evaluate", ctrl_c_at_the_last_step)
+  with pytest.raises(KeyboardInterrupt):
+    training.train_and_evaluate(tiny(), str(tmp_path / "run"))
+  monkeypatch.undo()
+  assert not (tmp_path / "run" / "results.json").exists()
+  resumed = training.train_and_evaluate(tiny(), str(tmp_path / "run"))
+  assert resumed["best_step"] == twin["best_step"] == 4
+  timing = ("wall_s", "decode_s", "tokens_per_sec", "tokens_per_sec_steady")
+  assert ({k: v for k, v in resumed.items() if k not in timing}
+          == {k: v for k, v in twin.items() if k not in timing})
+  assert ((tmp_path / "run" / "predictions.txt").read_text()
+          == (tmp_path / "twin" / "predictions.txt").read_text())
+
+
 # ------------------------------------------------------------------------------ lost records
+
+def test_a_resumed_run_asked_for_more_steps_with_its_time_budget_spent_says_so(tmp_path):
+  """train.max_wall_s is the whole run's budget: a rerun that raises train.steps but cannot
+  train is refused in one line, the workdir untouched; the same command rerun still decodes."""
+  training.train_and_evaluate(_tiny(max_wall_s=1e-3), str(tmp_path))  # stops after step 1
+  before = {n: (tmp_path / n).read_bytes() for n in ("config.json", "results.json", "model.json")}
+  with pytest.raises(ConfigError, match=r"train.steps was raised from 4 to 8, but this run "
+                                        r"would train no step: train.max_wall_s=0.001 is spent"):
+    training.train_and_evaluate(_tiny(steps=8, max_wall_s=1e-3), str(tmp_path))
+  assert {n: (tmp_path / n).read_bytes() for n in before} == before
+  assert training.train_and_evaluate(_tiny(steps=8, max_wall_s=600), str(tmp_path))["step"] == 8
+
+
+def _corpus(tmp_path):
+  d = tmp_path / "corpus"
+  d.mkdir()
+  for split, n in (("train", 40), ("val", 4), ("test_2016_flickr", 4)):
+    for lang, words in (("de", "ein zwei drei vier fünf"), ("en", "one two three four five")):
+      (d / f"{split}.{lang}").write_text(
+          "".join(" ".join(words.split()[:1 + i % 5]) + "\n" for i in range(n)))
+  return d
+
+
+def _corpus_data(d, **overrides):
+  c = data_presets.get_config("multi30k")
+  c.update({"dir": str(d), "min_freq": 1, "num_buckets": 1, "num_threads": 0, "batch_size": 4,
+            **overrides})
+  return c
+
+
+def _tree(path):
+  return {os.path.join(r, n): os.stat(os.path.join(r, n)).st_mtime_ns
+          for r, _, names in os.walk(path) for n in names}
+
+
+def test_resuming_with_other_vocabulary_settings_is_refused_naming_them(tmp_path):
+  d, wd = _corpus(tmp_path), str(tmp_path / "wd")
+  data.load(_corpus_data(d, vocab_size=6), wd)
+  other = tmp_path / "other"
+  os.rename(d, other)
+  os.symlink(other, d)  # the same files under two names
+  before = _tree(wd)
+  for change, expect in (({"vocab_size": 8}, "data.vocab_size=6 there, 8 here"),
+                         ({"min_freq": 2}, "data.min_freq=1 there, 2 here"),
+                         ({"dir": str(other)}, f"data.dir={str(d)!r} there, {str(other)!r} here"),
+                         ({"shared_vocab": True}, "data.shared_vocab=False there, True here")):
+    with pytest.raises(DataError, match="holds vocabularies built with other data settings") as e:
+      data.load(_corpus_data(d, **{"vocab_size": 6, **change}), wd)
+    assert expect in str(e.value) and "\n" not in str(e.value)
+  assert _tree(wd) == before  # refused before anything was written
+  assert data.load(_corpus_data(d, vocab_size=6, max_src_len=64), wd).src_vocab.size == 6
+  # A workdir saved before the settings were: they are read from its config.json.
+  os.remove(os.path.join(wd, "vocab.settings.json"))
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump({"data": _corpus_data(d, vocab_size=6).to_dict()}, f)
+  with pytest.raises(DataError, match="data.vocab_size=6 there, 8 here"):
+    data.load(_corpus_data(d, vocab_size=8), wd)
+
+
+def test_a_full_disk_while_the_data_cache_is_written_is_one_line(tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  d, wd = _corpus(tmp_path), str(tmp_path / "wd")
+
+  def disk_full(self, path, examples):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+  monkeypatch.setattr(tfds.core.writer.ExampleWriter, "write", disk_full)
+  with pytest.raises(DataError) as e:
+    data.load(_corpus_data(d), wd)
+  line = str(e.value)
+  assert line.startswith(f"writing the data cache in {wd}/data_cache failed: No space left on "
+                         "device") and "rerun the same command" in line and "\n" not in line
+  monkeypatch.undo()
+  assert len(data.load(_corpus_data(d), wd).splits["train"])  # nothing half-written was kept
+
+
 
 def test_an_invalid_config_leaves_an_existing_workdir_untouched(tmp_path):
   training.train_and_evaluate(_tiny(), str(tmp_path))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from attn import data, training
+from attn.errors import ConfigError
 from experiments.configs import summarize as summarize_configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +111,55 @@ def test_coverage_switched_on_when_resuming(code_runs):
   c.model.rnn.emb_dim = 16
   with pytest.raises(training.workdir.WorkdirError, match="model.rnn.emb_dim=32 there, 16 here"):
     training.train_and_evaluate(c, wd, task="summarize")
+
+
+def _records(wd):
+  return {n: open(os.path.join(wd, n), "rb").read()
+          for n in ("config.json", "model.json", "results.json")}
+
+
+def test_a_coverage_phase_that_trains_nothing_or_dies_early_leaves_the_workdir_usable(
+    tmp_path, monkeypatch):
+  """Switching coverage on never leaves records that claim a model no checkpoint holds: a phase
+  with nothing to train is refused before anything is written, one killed before its first save
+  leaves the records as they were, and the run then goes on with coverage or without it."""
+  _code_task(tmp_path / "data", n_train=64, n_dev=8)
+  wd = str(tmp_path / "wd")
+
+  def config(steps, coverage):
+    c = _config(tmp_path / "data", True, steps=steps, eval_every=steps, checkpoint_every=2,
+                log_every=2, eval_decode_sentences=8)
+    c.model.rnn.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, coverage=coverage))
+    return c
+
+  training.train_and_evaluate(config(2, False), wd, task="summarize")
+  phase1 = _records(wd)
+  # The step budget is reached: coverage would train nothing and decode the model without it.
+  with pytest.raises(ConfigError, match=r"model.rnn.coverage switched on, but this run would "
+                                        r"train no step with it: the checkpoint is at step 2"):
+    training.train_and_evaluate(config(2, True), wd, task="summarize")
+  assert _records(wd) == phase1
+  # A coverage phase killed before its first checkpoint (here: as soon as training starts).
+  def killed(*args, **kwargs):
+    raise RuntimeError("killed")
+  monkeypatch.setattr(training.loop, "train", killed)
+  with pytest.raises(RuntimeError, match="killed"):
+    training.train_and_evaluate(config(4, True), wd, task="summarize")
+  monkeypatch.undo()
+  assert _records(wd) == phase1
+  # Going back without coverage works ...
+  assert training.train_and_evaluate(config(4, False), wd, task="summarize")["step"] == 4
+  with open(os.path.join(wd, "model.json")) as f:
+    assert json.load(f)["rnn"]["coverage"] is False
+  # ... and so does coverage, even from a record that claims it already (as older code left it).
+  with open(os.path.join(wd, "model.json")) as f:
+    record = json.load(f)
+  record["rnn"]["coverage"] = True
+  with open(os.path.join(wd, "model.json"), "w") as f:
+    json.dump(record, f)
+  res = training.train_and_evaluate(config(6, True), wd, task="summarize")
+  assert res["step"] == 6 and res["model_config"]["rnn"]["coverage"] and res["best_step"] == 6
+  assert training.load_run(wd, task="summarize").model.decoder.w_cov is not None
 
 
 @pytest.mark.parametrize("line,message", [

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from attn.data import builtin_tasks
-from attn.data.base import SOURCES, DataError
+from attn.data.base import SOURCES, DataError, disk_error, disk_full
 from attn.data.config import DataConfig
 
 _VERSION = "1.0.0"
@@ -130,5 +130,8 @@ def prepare(builder_cls, config: AttnBuilderConfig, cache_dir: str, validate=Non
         cause = cause.__cause__ or cause.__context__
       if cause is not None:
         raise cause from e
+      if disk_error(e):  # TFDS deletes its incomplete copy: nothing half-written is read
+        raise disk_full(e, f"the data cache in {cache_dir}") from e
       raise
   return builder
+

@@ -45,7 +45,8 @@ from typing import Iterator
 import numpy as np
 
 from attn.data import bucketing
-from attn.data.base import SOURCES, DataError
+from attn.data import vocab_record
+from attn.data.base import SOURCES, DataError, disk_error, disk_full
 from attn.data.collate import Collate
 from attn.data.config import DataConfig
 from attn.data.splits import SplitData, apply_policies, scan, token_counts
@@ -221,6 +222,11 @@ def _cache_dir(cfg: DataConfig, workdir: str | None) -> str:
   return os.path.join(tempfile.gettempdir(), "attn_data_cache")
 
 
+def _vocab_paths(cfg: DataConfig, workdir: str | None) -> list[str]:
+  names = ("shared",) if cfg.shared_vocab else ("src", "tgt")
+  return [os.path.join(workdir, f"vocab.{n}.json") for n in names] if workdir else []
+
+
 def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, Vocab]:
   """Loaded from the workdir if a run saved them there, else built from the training split."""
   src_spec, tgt_spec = source.tokenizer_specs()
@@ -229,8 +235,7 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
     raise DataError(f"shared_vocab needs one tokenizer; this task tokenizes {src_spec} / {tgt_spec}")
   builtin = source.has_alignments  # built-in tasks: keep every symbol
   min_freq, max_size = (1, 0) if builtin else (cfg.min_freq, cfg.vocab_size)
-  names = ("shared",) if shared else ("src", "tgt")
-  paths = [os.path.join(workdir, f"vocab.{n}.json") for n in names] if workdir else []
+  paths = _vocab_paths(cfg, workdir)
   if paths and all(os.path.exists(p) for p in paths):
     vocabs = [load_vocab(p) for p in paths]
     for v, spec, p in zip(vocabs, (src_spec, tgt_spec), paths):
@@ -247,7 +252,7 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
                                                                     [t for _, t in texts]]
       vocabs = [build_vocab(side, src_spec, seed=cfg.seed, **kw) for side in sides]
     else:  # one streaming pass counts both sides
-      counts = [collections.Counter() for _ in names]
+      counts = [collections.Counter() for _ in range(1 if shared else 2)]
       tok_src, tok_tgt = Vocab([], src_spec).tokenize, Vocab([], tgt_spec).tokenize
       for s, t in pairs:
         counts[0].update(tok_src(s))
@@ -255,6 +260,8 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
       vocabs = [vocab_from_counts(c, spec, **kw) for c, spec in zip(counts, (src_spec, tgt_spec))]
     for v, p in zip(vocabs, paths):
       v.save(p)
+    if paths:
+      vocab_record.write(cfg, source, workdir)
   return (vocabs[0], vocabs[0]) if shared else (vocabs[0], vocabs[1])
 
 
@@ -263,7 +270,8 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
 
   workdir: where vocabularies (vocab.{src,tgt|shared}.json), cached lengths and, unless
   data.cache_dir is set, the TFDS-format copies of generated/local data go; a second call with the
-  same workdir reuses them (resume). None keeps vocabularies in memory only.
+  same workdir reuses them (resume), and refuses settings the vocabularies were not built with
+  (attn.data.vocab_record). None keeps vocabularies in memory only.
   Raises DataError for bad input or config.
   """
   cfg = DataConfig.from_config(data_config)
@@ -271,6 +279,18 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
   if cfg.reference_fields and not source.reads_references:
     raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
                     "has no reference fields (only jsonl and tfds records do)")
+  if workdir:  # before anything is written: a resumed run reuses the saved vocabularies
+    vocab_record.check(cfg, source, workdir)
+  try:
+    return _load(cfg, source, workdir)
+  except OSError as e:  # a full disk under the vocabularies or the lengths (the cache: builders)
+    if not disk_error(e):
+      raise
+    raise disk_full(e, f"the data files in {workdir or _cache_dir(cfg, workdir)}") from e
+
+
+def _load(cfg: DataConfig, source, workdir: str | None) -> DataBundle:
+  """load() after the checks that read only."""
   if workdir:
     os.makedirs(workdir, exist_ok=True)
   source.prepare(_cache_dir(cfg, workdir))

@@ -3,6 +3,8 @@
 - `loop`: `train_and_evaluate(config, workdir, task)`, `setup`, `train`, `train_step`;
 - `evaluation`: perplexity, decoding a split, scores, alignment quality, the result files;
 - `checkpoints`: orbax `checkpoints/` (latest) and `best/`;
+- `resume`: what a resumed run may do (nothing to train, switched features) and when its records
+  (config.json, model.json) are written;
 - `metrics_log`: metrics.jsonl and TensorBoard;
 - `results`: atomic JSON and the one results table;
 - `task`: the task interface (what to build, score and decode) and the translation task;

@@ -32,8 +32,8 @@ class Checkpoints:
   """Two orbax managers over `nnx.state((model, optimizer))` plus a JSON of the run's counters.
 
   A run object passed to `save` / `restore` has `state`, `step`, `best_score` (a tuple: the
-  task's selection metrics, compared lexicographically), `best_step`, `wall_s` and
-  `best_eval`, `train_tokens`; restore writes them back.
+  task's selection metrics, compared lexicographically), `best_step`, `wall_s`,
+  `best_eval`, `train_tokens` and `eval_pending`; restore writes them back.
   """
 
   def __init__(self, workdir):
@@ -62,7 +62,8 @@ class Checkpoints:
 
   def save(self, manager, run):
     meta = {"step": run.step, "best_score": list(run.best_score), "best_step": run.best_step,
-            "best_eval": run.best_eval, "wall_s": run.wall_s, "train_tokens": run.train_tokens}
+            "best_eval": run.best_eval, "wall_s": run.wall_s, "train_tokens": run.train_tokens,
+            "eval_pending": bool(getattr(run, "eval_pending", False))}
     try:
       manager.save(run.step, args=self.ocp.args.Composite(
           state=self.ocp.args.StandardSave(run.state), meta=self.ocp.args.JsonSave(meta)),
@@ -105,6 +106,7 @@ class Checkpoints:
     run.best_step = int(meta.get("best_step", run.step))
     run.best_eval = dict(meta.get("best_eval", {}))
     run.wall_s, run.train_tokens = float(meta["wall_s"]), float(meta["train_tokens"])
+    run.eval_pending = bool(meta.get("eval_pending", False))  # interrupted during its evaluation
     return True
 
   def close(self):

@@ -63,7 +63,9 @@ class TrainConfig:
       "log(target vocabulary), the loss of a uniform guess; a non-finite loss always stops; 0 = "
       "only non-finite")
   max_wall_s: float = option(
-      0.0, "stop training (then evaluate) after this much training time; 0 = off")
+      0.0, "stop training (then evaluate) after this much training time of the whole run, "
+           "counted across resumes (a rerun that raises train.steps or switches a model "
+           "feature on needs a larger budget; one that would train nothing is refused); 0 = off")
   seed: int = option(0, "parameter initialization and dropout seed")
   compute_dtype: str = option(
       "float32", "float32 | bfloat16: the matmuls' input dtype (bfloat16 accumulates in float32); "

@@ -28,15 +28,15 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attn.common import files
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
 from attn.training import distributed
 from attn.training import evaluation
+from attn.training import resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints
-from attn.training.config import TrainConfig, config_record, make_optimizer, migrate_config
+from attn.training.config import TrainConfig, make_optimizer, migrate_config
 from attn.training.metrics_log import MetricsWriter
 from attn.training.task import Task, get_task
 
@@ -89,7 +89,10 @@ class Run:
   window_rates: list = dataclasses.field(default_factory=list)  # tok/s of each logging window
   # The abstract state of the model before a feature was switched on (checkpoints.restore)
   earlier_state: object = None
+  switched: dict = dataclasses.field(default_factory=dict)  # those features, by dotted path
   restored_earlier: bool = False  # the last restore read a checkpoint from before the switch
+  eval_pending: bool = False  # the evaluation due at `step` has not finished (saved with it)
+  records: object = None  # resume.Records: config.json and model.json, written at the first save
 
   def step_fn(self):
     """The jitted train step of this run (label smoothing bound): the state keeps its shardings
@@ -168,7 +171,8 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
 
 def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mesh=None) -> Run:
   """setup() after validation, on a prepared workdir (record=False: write no config or model
-  record, for reading a finished run; mesh=None: the state stays on the default device).
+  record, for reading a finished run, or for train_and_evaluate, which writes them once it has
+  restored the checkpoint; mesh=None: the state stays on the default device).
 
   With several processes, process 0 prepares the data (cache, vocabularies) before the others
   read it, and alone writes config.json and the model record."""
@@ -178,20 +182,17 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
     bundle = data.load(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   switched = workdir_lib.check_model(workdir, mc)
-  if record and distributed.is_primary():
-    files.write_text(os.path.join(workdir, "config.json"), config_record(config))
-    workdir_lib.record_model(workdir, mc)
+  if record:
+    resume.Records(config, workdir, mc).write()
   model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
-  run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state)
+  run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state, switched=switched)
   if mesh is not None:
     run.mesh, run.rows = mesh, distributed.row_shard(mesh)
     run.shardings = distributed.state_shardings(state, mesh)
     run.state = distributed.place(state, run.shardings)
   if switched:
-    log.info("model: " + ", ".join(f"{k} switched on" for k in switched) + " since the last "
-             "checkpoint; its new parameters start from their initial values")
     run.earlier_state = _abstract_state(task, mc.replace_paths(switched), tc)
   return run
 
@@ -307,6 +308,10 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   guard = InterruptGuard()
   try:
     with guard:
+      if run.eval_pending and "eval" in run.bundle.splits:  # it was interrupted: before a step
+        # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
+        log.info(f"evaluating step {run.step}, whose evaluation was interrupted")
+        _evaluate(run, ckpt, writer)
       while (not spent and run.step < tc.steps
              and (stop_after is None or run.step - step_start < stop_after)):
         batch = run.device_batch(next(it))
@@ -362,14 +367,17 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   if eval_now:
     _evaluate(run, ckpt, writer)
   if save_now:
-    ckpt.save(ckpt.latest, run)
+    resume.save(ckpt, ckpt.latest, run)
   if eval_now or save_now:
     timing.t_seg = time.time()
   return out_of_time
 
 
 def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
-  """Evaluates on the eval split, logs it and saves best/ when the selection metrics improve."""
+  """Evaluates on the eval split, logs it and saves best/ when the selection metrics improve.
+  Until it has finished, `run.eval_pending` is set: a checkpoint saved on Ctrl-C carries it, so
+  the resumed run evaluates the step first instead of never."""
+  run.eval_pending = True
   ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
   floats = {k: v for k, v in ev.items() if isinstance(v, float)}
   writer.write(run.step, "eval", floats)
@@ -377,7 +385,9 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
   score = tuple(ev[k] for k in run.task.selection_metrics(run.bundle))
   if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
     run.best_score, run.best_step, run.best_eval = score, run.step, floats
-    ckpt.save(ckpt.best, run)
+    if ckpt.best.latest_step() != run.step:  # (else saved by an interrupted earlier attempt)
+      resume.save(ckpt, ckpt.best, run)
+  run.eval_pending = False
 
 
 def _save_on_interrupt(run: Run, ckpt: Checkpoints, last) -> None:
@@ -387,9 +397,10 @@ def _save_on_interrupt(run: Run, ckpt: Checkpoints, last) -> None:
                 "nothing saved; rerun the same command to resume from the last checkpoint")
   elif last is not None and run.step != ckpt.latest.latest_step():
     jax.block_until_ready(run.state)
-    ckpt.save(ckpt.latest, run)
-    log.warning(f"interrupted at step {run.step}: checkpoint saved; rerun the same command "
-                "to resume")
+    resume.save(ckpt, ckpt.latest, run)
+    log.warning(f"interrupted at step {run.step}: checkpoint saved"
+                + (" (its evaluation had not finished: it runs first when resumed)"
+                   if run.eval_pending else "") + "; rerun the same command to resume")
 
 
 def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
@@ -401,7 +412,8 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   mesh = make_mesh(config, tc)
   workdir_lib.prepare(workdir)
   with workdir_lib.lock(workdir):
-    run = _build_run(config, workdir, task, tc, mesh=mesh)
+    previous_train = resume.recorded_train(workdir)  # the last command's, before it is replaced
+    run = _build_run(config, workdir, task, tc, mesh=mesh, record=False)
     run.donate = True  # nothing else holds the state between steps
     v = run.mc.variant
     log.info(f"model {v['decoder']}/{v['score']}/{v['normalizer']}: "
@@ -411,13 +423,20 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
     ckpt = Checkpoints(workdir)
     try:
       resumed = ckpt.restore(ckpt.latest, run)
+      switched = run.switched if run.restored_earlier else {}
       if resumed:
+        resume.check_progress(run, previous_train, switched)  # before any record is rewritten
         log.info(f"resumed from step {run.step}")
-      if run.restored_earlier:
+      run.records = resume.Records(config, workdir, run.mc)
+      if switched:
         # The best checkpoint so far is of the model before the switch: the test split is to be
         # decoded with the model as it is now, so best/ is chosen again among later evaluations.
         run.best_score, run.best_step, run.best_eval = (), run.step, {}
-        log.info("best/ now tracks only evaluations after the switch")
+        log.info("model: " + ", ".join(f"{k} switched on" for k in switched) + " since the "
+                 "last checkpoint; its new parameters start from their initial values, and best/ "
+                 "now tracks only evaluations after the switch")
+      else:  # (after a switch: at the first save of the switched model, resume.Records)
+        run.records.write()
       writer = MetricsWriter(workdir, resumed_step=run.step if resumed else 0)
       train(run, ckpt, writer)
       results = evaluation.write_results(run, ckpt)

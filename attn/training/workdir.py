@@ -134,8 +134,10 @@ def check_model(workdir: str, model_config) -> dict:
   """Refuses a workdir whose checkpoints were written for another model (see the module doc).
 
   A field the model config lists in `SWITCH_ON_WHEN_RESUMING` (dotted paths, e.g. rnn.coverage,
-  trained on for a last phase) may go from False to True: returns those fields' recorded values
-  by path ({} if none switched), for restoring checkpoints written before the switch."""
+  trained on for a last phase) may go from False to True. Returns, by path, each such field that
+  is on now with its value before the switch (False), for restoring checkpoints written before
+  it; also when the record already says True, since a record written by older code may claim a
+  switch no checkpoint was trained with ({} if none is on)."""
   if not has_checkpoints(workdir):
     return {}
   recorded = _recorded_model(workdir)
@@ -143,8 +145,8 @@ def check_model(workdir: str, model_config) -> dict:
     return {}
   recorded, current = _flat(recorded), _flat(model_config.record())
   allowed = getattr(model_config, "SWITCH_ON_WHEN_RESUMING", ())
-  switched = {k: recorded[k] for k in allowed
-              if k in recorded and recorded[k] is False and current.get(k) is True}
+  switched = {k: False for k in allowed
+              if recorded.get(k) in (False, True) and current.get(k) is True}
   differ = sorted(k for k in set(recorded) & set(current)
                   if recorded[k] != current[k] and k not in switched)
   if differ:
