@@ -57,6 +57,8 @@ class BenchConfig:
                                   "dot: pallas, blocked, naive, xla, cudnn, jax_triton, jax_mgpu, "
                                   "tokamax; additive: pallas, blocked, naive.")
   repeats: int = option(5, "Timed calls (median reported).")
+  repeats_per_len: tuple[int, ...] = option((), "Timed calls per --seq_lens entry, in its order "
+                                            "(fewer where one call is long); default --repeats.")
   warmup: int = option(1, "Untimed calls first.")
   num_inputs: int = option(2, "Distinct input sets cycled through.")
   memory_budget_gib: float | None = option(None, "Skip runs whose compiled temporaries exceed "
@@ -83,8 +85,17 @@ class BenchConfig:
       raise ConfigError(f"--modes takes fwd and/or fwd_bwd, got {bad_modes}")
     if self.dtype not in TOLERANCE:
       raise ConfigError(f"--dtype={self.dtype}: expects one of {', '.join(TOLERANCE)}")
+    if self.repeats_per_len and len(self.repeats_per_len) != len(self.seq_lens):
+      raise ConfigError(f"--repeats_per_len has {len(self.repeats_per_len)} values for "
+                        f"{len(self.seq_lens)} --seq_lens")
     if not (self.seq_lens and self.head_dims and self.causal and self.modes):
       raise ConfigError("--seq_lens, --head_dims, --causal and --modes need a value each")
+
+  def repeats_at(self, T: int) -> int:
+    """Timed calls at sequence length T."""
+    if not self.repeats_per_len:
+      return self.repeats
+    return self.repeats_per_len[self.seq_lens.index(T)]
 
   @property
   def spec(self) -> KernelSpec:
@@ -237,7 +248,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
       row = dict(kernel=cfg.kernel, impl=impl, mode=mode, causal=causal, B=cfg.batch,
                  H=cfg.heads, T=T, d=d, dtype=cfg.dtype,
                  check=checks.get((impl, causal), "not run"))
-      row.update(_measure(cfg, impls[impl], causal, blocks, T, d, mode, peak, budget))
+      try:
+        row.update(_measure(cfg, impls[impl], causal, blocks, T, d, mode, peak, budget))
+      except Exception as e:  # noqa: BLE001  (e.g. out of memory at run time: a row, not a crash)
+        row.update(time_ms=None, tflops=None, pct_peak=None, temp_mib=None, status=_error(e))
       rows.append(row)
       print(_format_row(row), flush=True)
   _add_ratios(rows)
@@ -265,7 +279,7 @@ def _measure(cfg, build, causal, blocks, T, d, mode, peak, budget) -> dict:
   if temp is not None and temp > budget:
     out["status"] = f"not run: needs {temp / 2 ** 30:.1f} GiB > budget {budget / 2 ** 30:.1f} GiB"
     return out
-  t = harness.median_seconds(compiled, arg_sets, warmup=cfg.warmup, repeats=cfg.repeats)
+  t = harness.median_seconds(compiled, arg_sets, warmup=cfg.warmup, repeats=cfg.repeats_at(T))
   tflops = _flops(cfg, T, d, causal, mode) / t / 1e12
   out.update(time_ms=t * 1e3, tflops=tflops, pct_peak=100 * tflops / peak, status="ran")
   return out
