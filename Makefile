@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run demo browser test clean
+.PHONY: setup run demo browser test gpu-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ browser:
 PYTEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist=loadfile $(PYTEST_ARGS)
+
+# On a GPU (under 8 minutes on an H200): both fused kernels against the float64 references on
+# the device, then the speed table against cuDNN, XLA and JAX's Pallas attention under gpu_check_out/.
+# `make gpu-check GPU_CHECK_ARGS=--dry_run` runs the same flow on CPU in interpret mode.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	python -m experiments.gpu_check --out=gpu_check_out $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

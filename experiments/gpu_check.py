@@ -128,7 +128,8 @@ def speed(cfg: GpuCheckConfig) -> dict:
   sweep = DRY_SWEEP if cfg.dry_run else GPU_SWEEP
   batch, heads, d = (1, 2, 16) if cfg.dry_run else (4, 16, 128)
   bc = bench.BenchConfig(kernel="dot", batch=batch, heads=heads,
-                         seq_lens=tuple(t for t, _ in sweep), repeats_per_len=tuple(r for _, r in sweep), head_dims=(d,),
+                         seq_lens=tuple(t for t, _ in sweep),
+                         repeats_per_len=tuple(r for _, r in sweep), head_dims=(d,),
                          dtype="bfloat16", causal=(False,), modes=bench.MODES, impls=PEERS,
                          num_inputs=1 if cfg.dry_run else 2, outdir=cfg.out, plot=False)
   return dict(bench.run_benchmark(bc), batch=batch, heads=heads)

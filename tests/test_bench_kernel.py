@@ -13,10 +13,17 @@ from attn.errors import ConfigError
     (dict(kernel="additive", impls=("cudnn",)), "unknown implementations \\['cudnn'\\]"),
     (dict(modes=("bwd",)), "--modes takes fwd and/or fwd_bwd"),
     (dict(dtype="int8"), "--dtype=int8"),
+    (dict(seq_lens=(64, 128), repeats_per_len=(3,)), "--repeats_per_len has 1 values for 2"),
 ])
 def test_bad_settings_are_config_errors(bad, match):
   with pytest.raises(ConfigError, match=match):
     bench.BenchConfig(**bad)
+
+
+def test_repeats_per_length_default_to_repeats():
+  assert bench.BenchConfig(seq_lens=(64, 128), repeats=4).repeats_at(128) == 4
+  cfg = bench.BenchConfig(seq_lens=(64, 128), repeats=4, repeats_per_len=(9, 2))
+  assert (cfg.repeats_at(64), cfg.repeats_at(128)) == (9, 2)
 
 
 def test_flop_counts_follow_each_kernels_formula():
