@@ -31,6 +31,7 @@ import numpy as np
 from attn.benchmarks import kernels as bench
 from attn.common.files import write_text
 from attn.config.configurable import option
+from attn.errors import ConfigError
 from attn.launching import cli
 from kernels import additive as aa
 from kernels import flash_attention as fa
@@ -50,6 +51,12 @@ class GpuCheckConfig:
                          "seconds.")
   correctness: bool = option(True, "Run part (a), the kernels against the float64 references.")
   speed: bool = option(True, "Run part (b), the speed table.")
+
+  def __post_init__(self):
+    # Compiled Pallas has no CPU lowering: without a GPU every case would fail, after minutes.
+    if not self.dry_run and jax.default_backend() == "cpu":
+      raise ConfigError("no GPU here (jax backend: cpu); --dry_run runs the same flow on CPU "
+                        "in interpret mode")
 
 
 def _cases(dry_run: bool):

@@ -21,6 +21,8 @@ RUN = ("import runpy, sys\n"
 
 
 def test_the_dry_run_passes_and_writes_the_table_without_flax_tfds_grain_or_pytest(tmp_path):
+  """~20 s on 2 cores (one interpret-mode kernel per fused kernel, forward and gradients, and the
+  table's compiles): the only run of the GPU flow this machine can make."""
   proc = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], cwd=REPO,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,6 +42,17 @@ def test_the_dry_run_passes_and_writes_the_table_without_flax_tfds_grain_or_pyte
       ("| xla", "fwd", "128"), ("| xla", "fwd_bwd", "128")]
   assert all("unavailable" in r[-1] for r in rows[:3])
   assert all(r[-2] == "ok" and r[-1] == "ran |" for r in rows[3:]), rows
+
+
+def test_without_a_gpu_and_without_dry_run_it_stops_in_one_line(tmp_path):
+  out = tmp_path / "out"
+  proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check", f"--out={out}"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: no GPU here (jax backend: cpu); --dry_run runs the same flow on CPU in interpret "
+      "mode")
+  assert not out.exists()
 
 
 def test_a_kernel_off_by_a_little_fails_its_case(monkeypatch):
