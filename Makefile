@@ -48,7 +48,8 @@ test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist=loadfile $(PYTEST_ARGS)
 
 # On a GPU (under 8 minutes on an H200): both fused kernels against the float64 references on
-# the device, then the speed table against cuDNN, XLA and JAX's Pallas attention under gpu_check_out/.
+# the device, then the speed table against cuDNN, XLA and JAX's Pallas attention, written under
+# gpu_check_out/.
 # `make gpu-check GPU_CHECK_ARGS=--dry_run` runs the same flow on CPU in interpret mode.
 GPU_CHECK_ARGS ?=
 gpu-check:

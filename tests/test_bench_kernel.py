@@ -62,3 +62,21 @@ def test_a_tiny_sweep_checks_times_and_writes_its_files(tmp_path, capsys):
   assert "Command: `pytest`" in md and bench.markdown_table(rows) in md
   assert md.count("\n| blocked |") == 2
   capsys.readouterr()
+
+
+def test_a_peer_failing_at_run_time_is_a_row_not_a_crash(tmp_path, monkeypatch, capsys):
+  real = bench.harness.median_seconds
+  calls = []
+
+  def flaky(*a, **kw):  # after the matmul peak, the first timing (blocked) fails as OOM would
+    calls.append(1)
+    if len(calls) == 2:
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nsecond line")
+    return real(*a, **kw)
+  monkeypatch.setattr(bench.harness, "median_seconds", flaky)
+  cfg = bench.BenchConfig(seq_lens=(32,), head_dims=(8,), heads=1, repeats=1, num_inputs=1,
+                          check=False, outdir=str(tmp_path), plot=False)
+  rows = bench.run_benchmark(cfg)["rows"]
+  assert [(r["impl"], r["status"]) for r in rows] == [
+      ("blocked", "error: RuntimeError: RESOURCE_EXHAUSTED: out of memory"), ("naive", "ran")]
+  capsys.readouterr()
