@@ -130,34 +130,29 @@ def correctness(cfg: GpuCheckConfig) -> list[str]:
   return lines
 
 
-def speed(cfg: GpuCheckConfig) -> dict:
-  """Part (b): bench_kernel's sweep (attn.benchmarks.kernels), bf16, not causal."""
+def speed(cfg: GpuCheckConfig):
+  """Part (b): bench_kernel's sweep (attn.benchmarks.kernels), bf16, not causal; returns its
+  (result, BenchConfig)."""
   sweep = DRY_SWEEP if cfg.dry_run else GPU_SWEEP
   batch, heads, d = (1, 2, 16) if cfg.dry_run else (4, 16, 128)
   bc = bench.BenchConfig(kernel="dot", batch=batch, heads=heads,
                          seq_lens=tuple(t for t, _ in sweep),
                          repeats_per_len=tuple(r for _, r in sweep), head_dims=(d,),
                          dtype="bfloat16", causal=(False,), modes=bench.MODES, impls=PEERS,
-                         num_inputs=1 if cfg.dry_run else 2, outdir=cfg.out, plot=False)
-  return dict(bench.run_benchmark(bc), batch=batch, heads=heads)
+                         num_inputs=1 if cfg.dry_run else 2, outdir=cfg.out, name="gpu_check",
+                         plot=False)
+  return bench.run_benchmark(bc), bc
 
 
 def _write(cfg: GpuCheckConfig, lines, table, command: str) -> list[str]:
+  """correctness.txt, and bench_kernel's gpu_check.csv and .md (the command, the machine)."""
   os.makedirs(cfg.out, exist_ok=True)
   written = []
   if lines is not None:
     written.append(os.path.join(cfg.out, "correctness.txt"))
     write_text(written[-1], "\n".join(lines) + "\n")
   if table is not None:
-    meta = table["meta"]
-    stem = os.path.join(cfg.out, "gpu_check")
-    write_text(stem + ".csv", bench._csv(table["rows"]))  # pylint: disable=protected-access
-    write_text(stem + ".md",
-               f"Command: `{command}`\n\nMachine: {meta['device']} ({meta['backend']}), jax "
-               f"{meta['jax']}, Python {meta['python']}, {meta['date']}. bfloat16 matmul peak "
-               f"{meta['peak_tflops']:.3f} TFLOP/s; B={table['batch']}, H={table['heads']}, "
-               f"not causal.\n\n{bench.markdown_table(table['rows'])}\n")
-    written += [stem + ".csv", stem + ".md"]
+    written += bench.write_outputs(*table, command)
   return written
 
 
