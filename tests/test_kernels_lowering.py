@@ -92,9 +92,9 @@ def _smem_estimate(kernel, launch, dtype, d, dv):
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd_bwd"])
-@pytest.mark.parametrize("kernel,dtype,d,dv,masked", CASES,
-                         ids=[f"{k}-{jnp.dtype(t).name}-d{d}-dv{dv}-{'causal_padded' if m else 'full'}"
-                              for k, t, d, dv, m in CASES])
+@pytest.mark.parametrize("kernel,dtype,d,dv,masked", CASES, ids=[
+    f"{k}-{jnp.dtype(t).name}-d{d}-dv{dv}-{'causal_padded' if m else 'full'}"
+    for k, t, d, dv, m in CASES])
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_kernels_lower_to_triton(platform, kernel, dtype, d, dv, masked, backward):
   text = _export(platform, kernel, dtype, d, dv, masked, backward).mlir_module()
