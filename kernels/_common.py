@@ -211,9 +211,11 @@ def query_block_range(j, block_q, block_k, key_length, query_length, causal):
 
 
 def compiler_params(blocks: BlockSizes, head_dim: int):
-  """Triton launch parameters on GPU; None elsewhere (interpret mode ignores them)."""
-  if jax.default_backend() != "gpu":
-    return None
+  """Triton launch parameters for a CUDA or ROCm target.
+
+  Passed explicitly because with no params jax picks its GPU lowering from the
+  `jax_pallas_use_mosaic_gpu` flag (Mosaic GPU by default), which these kernels are not written for.
+  """
   from jax.experimental.pallas import triton as pl_triton  # deprecated in jax 0.11: import lazily
   num_warps = blocks.num_warps or (4 if head_dim <= 64 else 8)
   return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
@@ -221,17 +223,30 @@ def compiler_params(blocks: BlockSizes, head_dim: int):
 
 def call_kernel(kernel, inputs, in_specs, out_shapes, out_specs, *, grid, cfg, name, head_dim,
                 cost_estimate=None):
-  """pallas_call; with cfg.poison, outputs start as NaN buffers aliased to extra inputs."""
+  """pallas_call; with cfg.poison, outputs start as NaN buffers aliased to extra inputs.
+
+  The compiler params follow the platform the call is lowered for, not the host's backend: a
+  `jax.export` for "cuda" from a CPU host, or a jit on a GPU, gets the Triton params; other targets
+  (and interpret mode, which ignores them) get none, since e.g. the TPU lowering refuses Triton's.
+  """
   extra, aliases = [], {}
   if cfg.poison:
     extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shapes]
     aliases = {len(inputs) + n: n for n in range(len(out_shapes))}
-  return pl.pallas_call(
-      kernel, out_shape=out_shapes, grid=grid,
-      in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []), out_specs=out_specs,
-      input_output_aliases=aliases, interpret=cfg.interpret, name=name,
-      compiler_params=compiler_params(cfg.blocks, head_dim), cost_estimate=cost_estimate,
-  )(*inputs, *extra)
+
+  def launch(params, *args):
+    return tuple(pl.pallas_call(
+        kernel, out_shape=out_shapes, grid=grid,
+        in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []), out_specs=out_specs,
+        input_output_aliases=aliases, interpret=cfg.interpret, name=name,
+        compiler_params=params, cost_estimate=cost_estimate,
+    )(*args))
+
+  if cfg.interpret:
+    return launch(None, *inputs, *extra)
+  gpu = functools.partial(launch, compiler_params(cfg.blocks, head_dim))
+  return lax.platform_dependent(*inputs, *extra, cuda=gpu, rocm=gpu,
+                                default=functools.partial(launch, None))
 
 
 def row_spec(block, width):  # a [block, width] slab of [B, T, H, width], grid (row block, b, h)
