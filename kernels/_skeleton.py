@@ -83,8 +83,8 @@ def resolve_implementation(implementation: str) -> str:
     raise ValueError(
         f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
-    # TPU is left on the blocked path until the kernel's Mosaic TPU lowering has been validated
-    # on a TPU (the [B, T, H, d] BlockSpecs put a squeezed head axis in the second-minor position).
+    # TPU stays on the blocked path: both kernels lower to Mosaic TPU (tests/test_kernels_tpu.py)
+    # but have not run on a TPU, where Mosaic's layout passes first compile them.
     return "pallas" if jax.default_backend() == "gpu" else "blocked"
   return implementation
 
