@@ -66,11 +66,16 @@ class KernelSpec:
   blocked_blocks: BlockSizes
   min_qk_width: int = MIN_BLOCK  # q/k features are padded to a power of two >= this
   max_qk_dim: int | None = MAX_HEAD_DIM  # None: the kernel slices q/k features by block_d
+  tpu_blocks: BlockSizes | None = None  # compiled tiles when running on a TPU (None: gpu_blocks)
 
   def default_blocks(self, implementation: str, interpret: bool) -> BlockSizes:
     if implementation == "blocked":
       return self.blocked_blocks
-    return self.interpret_blocks if interpret else self.gpu_blocks
+    if interpret:
+      return self.interpret_blocks
+    if self.tpu_blocks is not None and jax.default_backend() == "tpu":
+      return self.tpu_blocks
+    return self.gpu_blocks
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ _F32 = jnp.float32
 # thread at 4 warps. Tune with experiments/bench_kernel.py.
 GPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=8, num_warps=4, num_stages=2)
 INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)  # block_d: all of d_attn at once
+# TPU: a tanh tile's last axis is the 128-lane axis, so block_d = 8 would pad every slice 16-fold
+# and unroll d_attn / 8 of them; at d_attn = 256 the backward then exceeds v5e's scoped VMEM.
+TPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=128)
 # Blocked CPU path: the [block_q, block_k, d_attn] tanh tile is formed by XLA (~8 MiB at 256).
 BLOCKED_BLOCKS = BlockSizes(block_q=128, block_k=64)
 
@@ -248,7 +251,8 @@ def _check_inputs(q_proj, k_proj, values, v_vec):
 # the kernels form the tanh tile a block_d slice at a time.
 SPEC = _skeleton.KernelSpec(
     name="additive_attention", forward=_forward, backward=_backward, score=additive_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
+    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
+    interpret_blocks=INTERPRET_BLOCKS,
     blocked_blocks=BLOCKED_BLOCKS, min_qk_width=1, max_qk_dim=None)
 
 
