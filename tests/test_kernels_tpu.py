@@ -73,7 +73,8 @@ def test_kernel_lowers_to_mosaic_tpu(kernel, d, dtype, backward):
 def test_tpu_tiles_are_the_default_on_a_tpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert aa.SPEC.default_blocks("pallas", interpret=False) == aa.TPU_BLOCKS
-  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.GPU_BLOCKS  # no TPU tiles of its own
+  # the dot kernel has no TPU tiles of its own
+  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.GPU_BLOCKS
   assert aa.SPEC.default_blocks("pallas", interpret=True) == aa.INTERPRET_BLOCKS
 
 
