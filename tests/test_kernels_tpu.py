@@ -3,8 +3,9 @@
 Exporting runs the whole Pallas TPU lowering (block-shape and memory-space checks, the kernel body
 to Mosaic MLIR) without a TPU; the module must hold one `tpu_custom_call` per Pallas kernel, named
 after it, so a silent fallback to XLA or a missing backward kernel fails. Mosaic's own layout
-passes run in the TPU compiler, on a TPU: they are not exercised here. Values are tested in
-interpret mode (tests/test_kernels_attention.py, tests/test_kernels_additive.py).
+passes and the VMEM budget belong to the TPU compiler in libtpu: the last test runs it, deviceless,
+where libtpu is installed. Values are tested in interpret mode (tests/test_kernels_attention.py,
+tests/test_kernels_additive.py); nothing here has run on a TPU.
 """
 
 from __future__ import annotations
