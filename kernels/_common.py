@@ -249,31 +249,45 @@ def call_kernel(kernel, inputs, in_specs, out_shapes, out_specs, *, grid, cfg, n
                                 default=functools.partial(launch, None))
 
 
-def row_spec(block, width):  # a [block, width] slab of [B, T, H, width], grid (row block, b, h)
-  return pl.BlockSpec((None, block, None, width), lambda r, b, h: (b, r, h, 0))
+def row_spec(block, width):  # a [block, width] slab of [B, H, T, width], grid (row block, b, h)
+  return pl.BlockSpec((None, None, block, width), lambda r, b, h: (b, h, r, 0))
 
 
 def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
-  return pl.BlockSpec((None, T, None, width), lambda r, b, h: (b, 0, h, 0))
+  return pl.BlockSpec((None, None, T, width), lambda r, b, h: (b, h, 0, 0))
 
 
-def stats_spec(block):  # a [block] slice of the [B, H, T] lse / delta rows of (b, h)
-  return pl.BlockSpec((None, None, block), lambda r, b, h: (b, h, r))
+# Row statistics (lse, delta) enter and leave the kernels as [B, H, T, 1] columns: a (block, 1)
+# block is Mosaic-TPU-legal for any block that is a multiple of 8 (a (block,) slice of [B, H, T]
+# needs a multiple of 128), and it matches the [rows, 1] orientation of a row reduction.
 
 
-def stats_full_spec(T):  # all [T] lse / delta entries of (b, h)
-  return pl.BlockSpec((None, None, T), lambda r, b, h: (b, h, 0))
+def stats_spec(block):  # a [block, 1] slice of the [B, H, T, 1] lse / delta columns of (b, h)
+  return pl.BlockSpec((None, None, block, 1), lambda r, b, h: (b, h, r, 0))
 
 
-LEN_SPEC = pl.BlockSpec((1,), lambda r, b, h: (b,))
+def stats_full_spec(T):  # all [T, 1] lse / delta entries of (b, h)
+  return pl.BlockSpec((None, None, T, 1), lambda r, b, h: (b, h, 0, 0))
+
+
+# Lengths travel as [B, 1, LANES] int32 rows (`length_rows`), read as `ref[0, 0]`: a (1, LANES)
+# block is legal for Mosaic TPU (last two block dims equal to the array's), where a (1,) block of
+# [B] is not, and Triton and interpret mode read it the same way.
+LANES = 128
+LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda r, b, h: (b, 0, 0))
+
+
+def length_rows(lengths):
+  """[B] int32 -> [B, 1, LANES] int32 (each length repeated), the operand LEN_SPEC blocks."""
+  return jnp.broadcast_to(lengths[:, None, None], (lengths.shape[0], 1, LANES))
 
 
 def forward_outputs(q, v, block_q):
-  """Output shapes and BlockSpecs of every forward kernel: out [B, Tq, H, dv] in v's dtype and
-  lse [B, H, Tq] float32 (q: [B, Tq, H, ·], v: [B, Tk, H, dv], both padded)."""
-  B, Tq, H = q.shape[:3]
-  shapes = [jax.ShapeDtypeStruct((B, Tq, H, v.shape[-1]), v.dtype),
-            jax.ShapeDtypeStruct((B, H, Tq), _F32)]
+  """Output shapes and BlockSpecs of every forward kernel: out [B, H, Tq, dv] in v's dtype and
+  lse [B, H, Tq, 1] float32 (q: [B, H, Tq, ·], v: [B, H, Tk, dv], both padded)."""
+  B, H, Tq = q.shape[:3]
+  shapes = [jax.ShapeDtypeStruct((B, H, Tq, v.shape[-1]), v.dtype),
+            jax.ShapeDtypeStruct((B, H, Tq, 1), _F32)]
   return shapes, [row_spec(block_q, v.shape[-1]), stats_spec(block_q)]
 
 

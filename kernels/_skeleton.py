@@ -10,7 +10,8 @@ default tiles. From the spec this module provides, the same for every kernel:
   of implementation ("pallas", "blocked", "xla"; "auto") and of tiles.
 
 Operands are named as in the blocked path, whatever the public names: q [B, Tq, H, dq],
-k [B, Tk, H, dq], v [B, Tk, H, dv], and theta, the score's per-head parameters ([H, dq]) or None.
+k [B, Tk, H, dq], v [B, Tk, H, dv] (the Pallas kernels get them head-major, [B, H, T, d]), and
+theta, the score's per-head parameters ([H, dq]) or None.
 theta's last axis lives in the q/k feature space and is zero-padded with it.
 Static score arguments (the dot-product kernel's `scale`) travel as keyword arguments to the
 Pallas kernels (through `Config.score_kw`) and to the score function of the other paths.
@@ -47,9 +48,10 @@ class Config:
 class KernelSpec:
   """What makes one fused kernel different from another.
 
-  forward(q, k, v, theta, kl, ql, cfg) -> (out [B, Tq_p, H, dv_p], lse [B, H, Tq_p] float32) and
+  forward(q, k, v, theta, kl, ql, cfg) -> (out [B, H, Tq_p, dv_p], lse [B, H, Tq_p] float32) and
   backward(q, k, v, theta, do, lse, delta, kl, ql, cfg) -> (dq, dk, dv, dtheta) run the Pallas
-  kernels on padded operands; delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
+  kernels on padded, head-major operands (q [B, H, Tq_p, dq_p], ...);
+  delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
   score(theta, q_blk [tq, dq], k_blk [tk, dq], **score_kw) -> [tq, tk] float32: the blocked and
   naive paths' score (differentiated by autodiff per tile).
   check_inputs(q, k, v, theta): raises ValueError with the public argument names.
@@ -64,11 +66,16 @@ class KernelSpec:
   blocked_blocks: BlockSizes
   min_qk_width: int = MIN_BLOCK  # q/k features are padded to a power of two >= this
   max_qk_dim: int | None = MAX_HEAD_DIM  # None: the kernel slices q/k features by block_d
+  tpu_blocks: BlockSizes | None = None  # compiled tiles when running on a TPU (None: gpu_blocks)
 
   def default_blocks(self, implementation: str, interpret: bool) -> BlockSizes:
     if implementation == "blocked":
       return self.blocked_blocks
-    return self.interpret_blocks if interpret else self.gpu_blocks
+    if interpret:
+      return self.interpret_blocks
+    if self.tpu_blocks is not None and jax.default_backend() == "tpu":
+      return self.tpu_blocks
+    return self.gpu_blocks
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,8 +88,8 @@ def resolve_implementation(implementation: str) -> str:
     raise ValueError(
         f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
-    # TPU is left on the blocked path until the kernel's Mosaic TPU lowering has been validated
-    # on a TPU (the [B, T, H, d] BlockSpecs put a squeezed head axis in the second-minor position).
+    # TPU stays on the blocked path: both kernels lower to Mosaic TPU (tests/test_kernels_tpu.py)
+    # but have not run on a TPU, where Mosaic's layout passes first compile them.
     return "pallas" if jax.default_backend() == "gpu" else "blocked"
   return implementation
 
@@ -149,7 +156,7 @@ def _pallas_core_bwd(spec, cfg, res, cts):
   operands, kl, ql, out, lse = res
   g_out, g_lse = cts
   # delta_i = dO_i . O_i - dL/dlse_i: a cotangent on lse adds P_ij to dS_ij, i.e. shifts delta.
-  delta = jnp.einsum("bqhd,bqhd->bhq", g_out.astype(jnp.float32), out.astype(jnp.float32)) - g_lse
+  delta = jnp.einsum("bhqd,bhqd->bhq", g_out.astype(jnp.float32), out.astype(jnp.float32)) - g_lse
   grads = spec.backward(*operands, g_out.astype(out.dtype), lse, delta, kl, ql, cfg)
   return tuple(grads), None, None
 
@@ -183,12 +190,15 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   bq, bk = max(blocks.block_q, blocks.bwd_q), max(blocks.block_k, blocks.bwd_k)
   Tq_p, Tk_p = pl.cdiv(Tq, bq) * bq, pl.cdiv(Tk, bk) * bk
   dv_p = max(MIN_BLOCK, _common.next_pow2(dv))
-  pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(x, 1, T), 3, width)
+  # Head-major inside the kernels: a [B, H, T, d] block (None, None, rows, d) keeps the last two
+  # block dims (rows, d) TPU-legal; [B, T, H, d] would put a squeezed head axis second-minor.
+  pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(_to_heads(x), 2, T), 3, width)
   operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
               None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
                score_kw=tuple(sorted(score_kw.items())))
-  return _pallas_core(spec, cfg, operands, kl, ql)
+  out, lse = _pallas_core(spec, cfg, operands, kl, ql)
+  return _to_heads(out), lse
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ _F32 = jnp.float32
 # thread at 4 warps. Tune with experiments/bench_kernel.py.
 GPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=8, num_warps=4, num_stages=2)
 INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)  # block_d: all of d_attn at once
+# TPU: a tanh tile's last axis is the 128-lane axis, so block_d = 8 would pad every slice 16-fold
+# and unroll d_attn / 8 of them; at d_attn = 256 the backward then exceeds v5e's scoped VMEM.
+TPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=128)
 # Blocked CPU path: the [block_q, block_k, d_attn] tanh tile is formed by XLA (~8 MiB at 256).
 BLOCKED_BLOCKS = BlockSizes(block_q=128, block_k=64)
 
@@ -58,7 +61,7 @@ def _tile_chunks(x_ref, w_ref, block_d):
   (they stay on chip for the whole loop): (slices, x chunks, w chunks)."""
   slices = _chunks(x_ref.shape[1] // block_d, block_d)
   return (slices, [x_ref[:, sl].astype(_F32) for sl in slices],
-          [w_ref[sl].astype(_F32) for sl in slices])
+          [w_ref[0, sl].astype(_F32) for sl in slices])
 
 
 def _score_tile(q_chunks, k_chunks, w_chunks):
@@ -78,7 +81,7 @@ def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, blo
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
   q_pos = positions(i, block_q)
 
@@ -92,7 +95,7 @@ def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, blo
   carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, val_ref.shape[-1]))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
-  lse_ref[...] = lse
+  lse_ref[...] = lse[:, None]
 
 
 def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
@@ -100,9 +103,9 @@ def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref,
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
-  do, lse, delta = do_ref[...], lse_ref[...], delta_ref[...]
+  do, lse, delta = do_ref[...], lse_ref[:, 0], delta_ref[:, 0]
   q_pos = positions(i, block_q)
 
   def body(j, dq_chunks):
@@ -129,7 +132,7 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
   dk_ref, dval_ref, dw_ref = refs[-3:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   slices, k_chunks, w_chunks = _tile_chunks(k_ref, w_ref, block_d)
   val = val_ref[...]
   k_pos = positions(j, block_k)
@@ -141,7 +144,7 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
     s = _score_tile(q_chunks, k_chunks, w_chunks)
     valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
     do = do_ref[rows, :]
-    p, ds = _common.softmax_grad_tile(s, valid, lse_ref[rows], do, val, delta_ref[rows])
+    p, ds = _common.softmax_grad_tile(s, valid, lse_ref[rows, 0], do, val, delta_ref[rows, 0])
     dval = dval + _common.dot_tn(p.astype(do.dtype), do)
     new_dk, new_dw = [], []
     for qc, kc, dk_c, dw_c in zip(q_chunks, k_chunks, dk_chunks, dw_chunks):
@@ -156,7 +159,7 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
   dk_chunks, dw_chunks, dval = lax.fori_loop(lo, hi, body, init)
   for sl, wc, dk_c, dw_c in zip(slices, w_chunks, dk_chunks, dw_chunks):
     dk_ref[:, sl] = (dk_c * wc[None, :]).astype(dk_ref.dtype)
-    dw_ref[sl] = dw_c
+    dw_ref[0, sl] = dw_c
   dval_ref[...] = dval.astype(dval_ref.dtype)
 
 
@@ -166,19 +169,19 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
 # order: q = q_proj, k = k_proj, v = values, theta = v_vec [H, d_attn].
 
 
-def _w_spec(d_attn):  # v's row for head h, from [H, d_attn]
-  return pl.BlockSpec((None, d_attn), lambda r, b, h: (h, 0))
+def _w_spec(d_attn):  # v's [1, d_attn] row for head h, from [H, 1, d_attn] (a TPU-legal block)
+  return pl.BlockSpec((None, 1, d_attn), lambda r, b, h: (h, 0, 0))
 
 
 def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
-  B, Tq, H, da = qp.shape
-  Tk, dv = kp.shape[1], val.shape[-1]
+  B, H, Tq, da = qp.shape
+  Tk, dv = kp.shape[2], val.shape[-1]
   bq, bk, bd = cfg.blocks.block_q, cfg.blocks.block_k, cfg.blocks.block_d
   flops = B * H * Tq * Tk * (2 * da + 2 * dv) // (2 if cfg.causal else 1)
   out_shapes, out_specs = _common.forward_outputs(qp, val, bq)
-  return _common.call_kernel(
+  out, lse = _common.call_kernel(
       functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, block_d=bd),
-      (qp, kp, w, val, kl, ql),
+      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)),
       [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), LEN_SPEC,
        LEN_SPEC],
       out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="additive_attention_fwd",
@@ -186,13 +189,15 @@ def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk * (da + 1),
                                     bytes_accessed=sum(x.size * x.dtype.itemsize
                                                        for x in (qp, kp, val)) * 2))
+  return out, lse[..., 0]
 
 
 def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
-  B, Tq, H, da = qp.shape
-  Tk, dv = kp.shape[1], val.shape[-1]
+  B, H, Tq, da = qp.shape
+  Tk, dv = kp.shape[2], val.shape[-1]
   bq, bk, bd = cfg.blocks.bwd_q, cfg.blocks.bwd_k, cfg.blocks.block_d
-  inputs = (qp, kp, w, val, do, lse, delta, kl, ql)
+  inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],
+            _common.length_rows(kl), _common.length_rows(ql))
   (dq,) = _common.call_kernel(
       functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, block_d=bd), inputs,
       [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
@@ -204,11 +209,11 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
       [full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
        stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
       [jax.ShapeDtypeStruct(kp.shape, kp.dtype), jax.ShapeDtypeStruct(val.shape, val.dtype),
-       jax.ShapeDtypeStruct((B, H, Tk // bk, da), _F32)],
+       jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],
       [row_spec(bk, da), row_spec(bk, dv),
-       pl.BlockSpec((None, None, None, da), lambda r, b, h: (b, h, r, 0))],
+       pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0))],
       grid=(Tk // bk, B, H), cfg=cfg, name="additive_attention_dkv", head_dim=dv)
-  dw = jnp.sum(dw_parts, axis=(0, 2))  # [H, d_attn]: v is shared by the batch and key blocks
+  dw = jnp.sum(dw_parts, axis=(0, 2, 3))  # [H, d_attn]: v is shared by the batch and key blocks
   return dq, dk, dval, dw.astype(w.dtype)
 
 
@@ -246,7 +251,8 @@ def _check_inputs(q_proj, k_proj, values, v_vec):
 # the kernels form the tanh tile a block_d slice at a time.
 SPEC = _skeleton.KernelSpec(
     name="additive_attention", forward=_forward, backward=_backward, score=additive_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
+    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
+    interpret_blocks=INTERPRET_BLOCKS,
     blocked_blocks=BLOCKED_BLOCKS, min_qk_width=1, max_qk_dim=None)
 
 

@@ -25,8 +25,12 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   Hopper target is a Mosaic GPU forward behind the same `implementation="pallas"` name, validated
   on a GPU against this kernel; `experiments/bench_kernel.py` already times JAX's own Mosaic GPU
   attention next to ours to size that gap.
-On TPU the same body would lower through Mosaic TPU, but "auto" keeps TPU on the blocked path
-until that has been run on a TPU.
+TPU lowering: the same body through Mosaic TPU. The kernels see head-major [B, H, T, d] operands
+(transposed by XLA around the pallas_call), so every block's last two dims are (rows, d), with
+rows a multiple of 8 and d the whole (padded) head dim; row statistics are [B, H, T, 1] columns
+and lengths [B, 1, 128] rows (see `kernels/_common.py`). Both kernels, forward and backward, lower
+to Mosaic from a CPU host (tests/test_kernels_tpu.py); none has run on a TPU yet, so "auto" keeps
+TPU on the blocked path.
 """
 
 from __future__ import annotations
@@ -53,16 +57,16 @@ BLOCKED_BLOCKS = BlockSizes(block_q=512, block_k=512)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel bodies. Refs: q/k/v blocks are 2-D [rows, d] (batch and head squeezed out); lengths are
-# [1] blocks of the [B] length arrays. Output refs come last (aliased poison inputs, if any,
-# sit between the inputs and the outputs and are never read).
+# Kernel bodies. Refs: q/k/v blocks are 2-D [rows, d] (batch and head squeezed out); lse / delta
+# are [rows, 1] columns; lengths are [1, 128] rows of repeated values, read at [0, 0]. Output refs
+# come last (aliased poison inputs, if any, sit between the inputs and the outputs, never read).
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block_k):
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q = q_ref[...]  # [bq, d], stays on chip for the whole loop
   q_pos = positions(i, block_q)
 
@@ -76,7 +80,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block
   carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, v_ref.shape[-1]))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
-  lse_ref[...] = lse
+  lse_ref[...] = lse[:, None]
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs, scale,
@@ -84,9 +88,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q, do = q_ref[...], do_ref[...]  # [bq, d], [bq, dv]
-  lse, delta = lse_ref[...], delta_ref[...]  # [bq]
+  lse, delta = lse_ref[:, 0], delta_ref[:, 0]  # [bq]
   q_pos = positions(i, block_q)
 
   def body(j, dq):
@@ -107,7 +111,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk_ref, dv_ref = refs[-2:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  key_length, query_length = kl_ref[0], ql_ref[0]
+  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   k, v = k_ref[...], v_ref[...]  # [bk, d], [bk, dv]
   k_pos = positions(j, block_k)
 
@@ -116,8 +120,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
     valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
-    p, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse_ref[rows], do, v,
-                                      delta_ref[rows])  # [bq, bk]
+    p, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse_ref[rows, 0], do,
+                                      v, delta_ref[rows, 0])  # [bq, bk]
     dv = dv + _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
@@ -135,27 +139,29 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
 
 def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   del theta
-  B, Tq, H, d = q.shape
-  Tk, dv = k.shape[1], v.shape[-1]
+  B, H, Tq, d = q.shape
+  Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
   nbytes = sum(x.size * x.dtype.itemsize for x in (q, k, v)) * 2
   out_shapes, out_specs = _common.forward_outputs(q, v, bq)
-  return _common.call_kernel(
+  out, lse = _common.call_kernel(
       functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, **dict(cfg.score_kw)),
-      (q, k, v, kl, ql),
+      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)),
       [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC],
       out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_fwd",
       head_dim=d, cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
                                                 bytes_accessed=nbytes))
+  return out, lse[..., 0]
 
 
 def _backward(q, k, v, theta, do, lse, delta, kl, ql, cfg: _skeleton.Config):
-  B, Tq, H, d = q.shape
-  Tk, dv = k.shape[1], v.shape[-1]
+  B, H, Tq, d = q.shape
+  Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   score_kw = dict(cfg.score_kw)
-  inputs = (q, k, v, do, lse, delta, kl, ql)
+  inputs = (q, k, v, do, lse[..., None], delta[..., None], _common.length_rows(kl),
+            _common.length_rows(ql))
   (dq,) = _common.call_kernel(
       functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, **score_kw), inputs,
       [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv), stats_spec(bq),
