@@ -17,8 +17,7 @@ import pytest
 import kernels
 from kernels import additive, flash_attention
 
-# TPU cases join once the kernels' TPU layout lands (their [B, T, H, d] BlockSpecs are not yet
-# TPU-legal).
+# The Triton lowering for CUDA; the Mosaic TPU lowering is pinned in tests/test_kernels_tpu.py.
 PLATFORMS = ("cuda",)
 TRITON_CALL = "__gpu$xla.gpu.triton"
 CALL_RE = re.compile(r"stablehlo\.custom_call @(\S+?)\(")
