@@ -55,3 +55,13 @@ def write_text(path: str, text: str) -> None:
 def write_json(path: str, obj, **dump_kw) -> None:
   """Writes `obj` as JSON to `path` atomically (indent 1 unless `dump_kw` says otherwise)."""
   write_text(path, json.dumps(obj, **{"indent": 1, **dump_kw}))
+
+
+def read_json(path: str, default=None):
+  """The JSON value in `path`, or `default` when the file is missing, unreadable or not JSON: a
+  run's earlier records are evidence to compare with when present, never a reason to fail."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return default

@@ -276,7 +276,7 @@ def _discard(f, part: str) -> None:
   """Empties and deletes the `.part` (the lock is held until `f` closes)."""
   try:
     f.truncate(0)
-  except OSError:
+  except OSError:  # the unlink below is what matters; truncating only frees the space sooner
     pass
   if os.path.exists(part):
     os.unlink(part)

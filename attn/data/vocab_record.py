@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from attn.common.files import write_json
+from attn.common.files import read_json, write_json
 from attn.data.base import DataError
 from attn.data.config import DataConfig
 
@@ -35,11 +35,11 @@ def settings(cfg: DataConfig, source) -> dict:
     names = list(_CORPUS_FIELDS)
     if source.tokenizer_specs()[0].learned:  # a learned tokenizer's training draws from the seed
       names.append("seed")
-  out = {}
-  for k in dict.fromkeys(names):
-    v = getattr(cfg, k)
-    out[k] = list(v) if isinstance(v, tuple) else v
-  return out
+  return {k: _as_json(getattr(cfg, k)) for k in dict.fromkeys(names)}
+
+
+def _as_json(v):  # tuples read back from JSON as lists: compare them as lists
+  return list(v) if isinstance(v, tuple) else v
 
 
 def _recorded(workdir: str) -> dict | None:
@@ -52,14 +52,12 @@ def _recorded(workdir: str) -> dict | None:
         return json.load(f)
     except (OSError, ValueError) as e:
       raise DataError(f"cannot read {path}: {e}") from e
+  config = read_json(os.path.join(workdir, "config.json"))
   try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      data = json.load(f).get("data")
-    recorded = DataConfig.from_config(data)
-  except (OSError, ValueError, AttributeError, TypeError):  # no (readable) record: nothing to hold
+    recorded = DataConfig.from_config(config.get("data"))
+  except (ValueError, AttributeError, TypeError):  # no (usable) record: nothing to hold
     return None
-  return {k: (list(v) if isinstance(v, tuple) else v)
-          for k, v in ((k, getattr(recorded, k)) for k in DataConfig.__dataclass_fields__)}
+  return {k: _as_json(getattr(recorded, k)) for k in DataConfig.__dataclass_fields__}
 
 
 def check(cfg: DataConfig, source, workdir: str) -> None:

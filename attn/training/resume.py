@@ -14,7 +14,6 @@ the workdir is rewritten.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -29,11 +28,8 @@ log = logging.getLogger(__name__)
 
 def recorded_train(workdir: str) -> dict:
   """The `train` section of the workdir's config.json (the last run's command); {} if none."""
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      train = json.load(f).get("train")
-  except (OSError, ValueError, AttributeError):
-    return {}
+  config = files.read_json(os.path.join(workdir, "config.json"))
+  train = config.get("train") if isinstance(config, dict) else None
   return train if isinstance(train, dict) else {}
 
 

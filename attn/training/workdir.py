@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 
 from attn.errors import AttnError
 from attn.models.config import migrate_model_section
-from attn.common.files import write_json
+from attn.common.files import read_json, write_json
 
 LOCK_FILE = ".lock"
 MODEL_RECORD = "model.json"
@@ -112,12 +111,9 @@ def _recorded_model(workdir):
   section is migrated: attn.models.config.migrate_model_section); None when there is neither."""
   for path, pick in ((_record_path(workdir), lambda d: d),
                      (os.path.join(workdir, "config.json"), lambda d: d.get("model"))):
-    if os.path.exists(path):
-      try:
-        with open(path) as f:
-          found = pick(json.load(f))
-      except (OSError, ValueError):
-        continue
+    record = read_json(path)
+    if isinstance(record, dict):
+      found = pick(record)
       return None if found is None else migrate_model_section(found)
   return None
 
