@@ -32,14 +32,22 @@ from typing import NamedTuple
 
 import numpy as np
 
+from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import stories
 
-# Stories for pools: more objects than the focus demo (a distractor must be able to avoid the
-# question's object and still hold objects of its own), more pick-ups, every question two-hop.
-POOL_STORIES = stories.StoryConfig(
-    objects=("apple", "football", "milk", "book", "key", "box"), min_sentences=4,
-    max_sentences=10, object_questions=1.0, p_take=0.3, p_drop=0.1)
+@dataclasses.dataclass(frozen=True)
+class PoolStoryConfig(stories.StoryConfig):
+  """Stories for pools: more objects than the focus demo (a distractor must be able to avoid the
+  question's object and still hold objects of its own), more pick-ups, every question two-hop."""
+  objects: tuple[str, ...] = option(("apple", "football", "milk", "book", "key", "box"),
+                                    "What they take and drop.")
+  max_sentences: int = option(10, "Longest story (sentences).")
+  object_questions: float = option(1.0, "Fraction of object questions (pools keep only those).")
+  p_take: float = option(0.3, "Chance that a sentence is a pick-up (when one is possible).")
+
+
+POOL_STORIES = PoolStoryConfig()
 
 
 class PoolSet(NamedTuple):

@@ -190,3 +190,120 @@ def evaluate(model, data: pools.PoolSet, cfg: RetrieveConfig) -> dict:
                                                          ).any(-1))),
           "answer_accuracy": float(np.mean(out.log_probs.argmax(-1) == data.answer)),
           "hop_hits": hop_hits(out, data, cfg.stories.max_sentences, flat)}
+
+
+def baselines(cfg: RetrieveConfig, passages: int) -> dict:
+  """Chance: answer 1 / places; recall@k of k passages at random."""
+  return {"answer_uniform": 1.0 / len(cfg.stories.places),
+          "recall_random": min(1.0, cfg.top_k / passages)}
+
+
+# ----------------------------------------------------------------------------- files
+
+def _sample_record(built: pools.Pools, i: int) -> dict:
+  """A test pool for the page: its text (passages separated by blank lines), question, answer
+  and where the gold story and facts are."""
+  passages = built.passages(i)
+  return {"text": "\n\n".join("\n".join(p) for p in passages),
+          "sentences": [s for p in passages for s in p], "question": built.examples[i].question,
+          "answer": built.examples[i].answer, "passages": len(passages),
+          "gold": {"passages": int(built.arrays.gold[i])},
+          "supports": built.arrays.supports[i].tolist()}
+
+
+def results_table(results: dict) -> str:
+  """Markdown: one row per number of distractors, recall@k and accuracy per mode."""
+  modes = list(results["modes"])
+  k = results["config"]["top_k"]
+  header = ["distractors", "passages"] + [f"{m}: recall@{k} / accuracy" for m in modes] + [
+      f"{m}: hop hits" for m in modes]
+  rows = []
+  for j, d in enumerate(results["config"]["distractors"]):
+    evals = [results["modes"][m][j] for m in modes]
+    rows.append([str(d), str(evals[0]["passages"])]
+                + [f"{e['recall_at_k']:.3f} / {e['answer_accuracy']:.3f}" for e in evals]
+                + [" / ".join(f"{h:.2f}" for h in e["hop_hits"]) for e in evals])
+  train = [[m] + [f"{e['train_seconds']:.1f}" for e in results["modes"][m]] for m in modes]
+  return "\n".join([
+      f"test set of {results['config']['test_size']} two-hop questions per row; top_k = {k}; "
+      f"chance: answer {results['baselines']['answer_uniform']:.3f}; hop hits: hop 1 on the "
+      "pick-up, hop 2 on the holder's last move", "",
+      markdown_table(header, rows), "", "training time (s) per number of distractors", "",
+      markdown_table(["mode"] + [str(d) for d in results["config"]["distractors"]], train)]) + "\n"
+
+
+def plot(results: dict, path: str):
+  """Answer accuracy and recall@k against the number of distractors, one line per mode."""
+  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
+  d = results["config"]["distractors"]
+  x = [max(v, 0.5) for v in d]  # 0 distractors on a log axis
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+  for name, rows in results["modes"].items():
+    for ax, key in zip(axes, ("answer_accuracy", "recall_at_k")):
+      ax.plot(x, [r[key] for r in rows], marker="o", label=name)
+  axes[0].axhline(results["baselines"]["answer_uniform"], color="grey", ls=":", label="chance")
+  for ax, title in zip(axes, ("answer accuracy", f"recall@{results['config']['top_k']}")):
+    ax.set_xscale("log")
+    ax.set_xticks(x, [str(v) for v in d])
+    ax.set_xlabel("distractor stories in the pool")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  with files.atomic_path(path) as tmp:
+    fig.savefig(tmp, format="png", dpi=110)
+  plt.close(fig)
+
+
+def _save_params(path: str, model):
+  with files.atomic_path(path) as tmp:
+    reader.save_params(tmp, model)
+
+
+def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = None,
+                       verbose: bool = True) -> dict:
+  """Per number of distractors and mode: builds the pools, trains, evaluates. Writes into
+  workdir retrieve.json, retrieve.md, retrieve.png, model.json and retriever.npz (the first mode
+  trained with the most distractors, what the page serves), and retrieve.html when `page` is
+  given. Returns the results (what retrieve.json holds)."""
+  say = print if verbose else (lambda *a, **k: None)
+  os.makedirs(workdir, exist_ok=True)
+  sc = cfg.stories
+  vocab = stories.Vocab.for_config(sc)
+  results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
+  served = None
+  for d in cfg.distractors:
+    train_set = pools.build(cfg.train_size, d, cfg.seed, sc, vocab).arrays
+    test_set = pools.build(cfg.test_size, d, cfg.seed + 1_000_003, sc, vocab).arrays
+    for mode in cfg.modes:
+      t0 = time.time()
+      model, losses = train(cfg, mode, train_set, len(vocab))
+      row = {"distractors": d, "train_seconds": time.time() - t0,
+             "final_loss": float(losses[-50:].mean()), **evaluate(model, test_set, cfg)}
+      results["modes"][mode].append(row)
+      say(f"{d:>3} distractors  {mode:<10} recall@{cfg.top_k} {row['recall_at_k']:.3f}  "
+          f"accuracy {row['answer_accuracy']:.3f}  ({row['train_seconds']:.1f}s)", flush=True)
+      if mode == cfg.modes[0] and d == max(cfg.distractors):
+        served = model
+  results["baselines"] = baselines(cfg, 1 + max(cfg.distractors))
+  _save_params(os.path.join(workdir, SERVED_PARAMS), served)
+  shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
+                      vocab)
+  files.write_json(os.path.join(workdir, MODEL_FILE), {
+      "stories": dataclasses.asdict(sc), "vocab": vocab.words, "model": served.cfg.to_dict(),
+      "trained_distractors": max(cfg.distractors),
+      "samples": [_sample_record(shown, i) for i in range(cfg.num_samples)]})
+  if page is not None:
+    files.write_text(os.path.join(workdir, PAGE_FILE), page)
+  plot(results, os.path.join(workdir, PLOT_FILE))
+  files.write_text(os.path.join(workdir, TABLE_FILE),
+                   "# Retrieval, then read\n\n" + results_table(results))
+  files.write_json(os.path.join(workdir, RESULTS_FILE), results)
+  return results
+
+
+def _config_dict(cfg: RetrieveConfig) -> dict:
+  d = dataclasses.asdict(cfg)
+  d["distractors"], d["modes"] = list(cfg.distractors), list(cfg.modes)
+  return d

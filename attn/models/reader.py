@@ -151,7 +151,13 @@ def save_params(path: str, model: Reader):
 
 def load_params(path: str, cfg: ReaderConfig) -> Reader:
   """A Reader of `cfg` with the parameters save_params wrote (shapes must match)."""
-  model = build(cfg)
+  return restore_params(path, build(cfg))
+
+
+def restore_params(path: str, model: nnx.Module) -> nnx.Module:
+  """`model` (any module, updated in place and returned) with the parameters save_params wrote;
+  a ConfigError when a name is missing or a shape differs."""
+  cfg = model.cfg
   state = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
   with np.load(path) as saved:

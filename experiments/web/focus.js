@@ -31,6 +31,8 @@ function showError(message) {
 
 function clearOutput() {
   $("sentences").replaceChildren();
+  $("stages").replaceChildren();
+  $("sentences-title").hidden = true;
   $("answer").textContent = "";
   $("answer-prob").textContent = "";
   $("expected").textContent = "";
@@ -39,7 +41,8 @@ function clearOutput() {
 }
 
 function storyText(s) {
-  return s.sentences.join("\n");
+  // A sample may carry its own text (a pool of stories separated by blank lines).
+  return s.text !== undefined ? s.text : s.sentences.join("\n");
 }
 
 function pickSample(i) {
@@ -51,36 +54,73 @@ function pickSample(i) {
   read();
 }
 
+function weightedItem(text, w, score, gold) {
+  // One highlighted line: background alpha and bar = weight w; score (optional) on hover.
+  const li = document.createElement("li");
+  li.className = "sentence" + (gold ? " gold" : "");
+  li.dataset.weight = String(w);
+  if (score !== undefined) li.dataset.score = String(score);
+  li.style.backgroundColor = "rgba(255, 166, 0, " + Math.min(1, Math.max(0, w)) + ")";
+  li.title = "weight " + w.toFixed(4) +
+      (score !== undefined ? ", raw score " + score.toFixed(3) : "") +
+      (gold ? " (gold evidence)" : "");
+  return li;
+}
+
+function renderStages(data, unedited) {
+  // Earlier stages of a multi-stage reader (e.g. retrieval over passages, then reading): each a
+  // titled list highlighted like the sentences. Absent for a one-stage reader.
+  const box = $("stages");
+  box.replaceChildren();
+  (data.stages || []).forEach((stage) => {
+    const title = document.createElement("h3");
+    title.className = "stage-title";
+    title.textContent = stage.title;
+    const list = document.createElement("ol");
+    list.className = "stage";
+    list.dataset.stage = stage.name;
+    const gold = unedited && sample.gold ? sample.gold[stage.name] : undefined;
+    stage.items.forEach((item, i) => {
+      list.appendChild(fillItem(weightedItem(item.text, item.weight, item.score, i === gold),
+                                i, item.text, item.weight));
+    });
+    box.append(title, list);
+  });
+  $("sentences-title").hidden = !data.sentences_title;
+  $("sentences-title").textContent = data.sentences_title || "";
+}
+
+function fillItem(li, i, text, w) {
+  // The line's number, text, weight bar and weight.
+  const n = document.createElement("span");
+  n.className = "n";
+  n.textContent = String(i + 1);
+  const t = document.createElement("span");
+  t.className = "text";
+  t.textContent = text;
+  const bar = document.createElement("span");
+  bar.className = "bar";
+  const level = document.createElement("span");
+  level.style.width = (100 * w).toFixed(1) + "%";
+  bar.appendChild(level);
+  const wl = document.createElement("span");
+  wl.className = "w";
+  wl.textContent = w.toFixed(3);
+  li.append(n, t, bar, wl);
+  return li;
+}
+
 function render(data) {
   const unedited = sample && $("story").value === storyText(sample) &&
       $("question").value.trim() === sample.question;
+  renderStages(data, unedited);
   const list = $("sentences");
   list.replaceChildren();
   data.sentences.forEach((text, i) => {
     const w = data.weights[i];
-    const li = document.createElement("li");
-    li.className = "sentence" + (unedited && i === sample.support ? " gold" : "");
-    li.dataset.weight = String(w);
-    li.dataset.score = String(data.scores[i]);
-    li.style.backgroundColor = "rgba(255, 166, 0, " + Math.min(1, Math.max(0, w)) + ")";
-    li.title = "weight " + w.toFixed(4) + ", raw score " + data.scores[i].toFixed(3) +
-        (unedited && i === sample.support ? " (gold evidence)" : "");
-    const n = document.createElement("span");
-    n.className = "n";
-    n.textContent = String(i + 1);
-    const t = document.createElement("span");
-    t.className = "text";
-    t.textContent = text;
-    const bar = document.createElement("span");
-    bar.className = "bar";
-    const fill = document.createElement("span");
-    fill.style.width = (100 * w).toFixed(1) + "%";
-    bar.appendChild(fill);
-    const wl = document.createElement("span");
-    wl.className = "w";
-    wl.textContent = w.toFixed(3);
-    li.append(n, t, bar, wl);
-    list.appendChild(li);
+    const li = weightedItem(text, w, data.scores ? data.scores[i] : undefined,
+                            unedited && i === sample.support);
+    list.appendChild(fillItem(li, i, text, w));
   });
   $("answer").textContent = data.answer;
   $("answer-prob").textContent = "(p = " + data.answer_prob.toFixed(3) + ")";
@@ -165,6 +205,11 @@ async function init() {
   } catch (err) {
     showError("Could not load the model's description: " + err);
     return;
+  }
+  if (info.title) {  // another reader on this page (e.g. retrieval, then read)
+    document.title = info.title;
+    document.querySelector("h1").textContent = info.title;
+    document.querySelector(".sub").firstChild.textContent = info.description + " ";
   }
   $("model-info").textContent = "Score: " + info.score + "; stories of up to " +
       info.max_sentences + " sentences; answers: " + info.answers.join(", ") + ".";

@@ -1,0 +1,54 @@
+r"""Retrieval, then read (the idea under RAG): two-hop bAbI-style questions ("Where is the
+apple?") whose story is hidden in a pool of distractor stories; a dot-product retriever keeps the
+top-k stories (attn's `topk` scope) and a two-hop reader answers from them. Trained per retrieval
+mode (learned, random k, whole pool) and number of distractors; the page shows both stages'
+weights.
+
+    python -m experiments.retrieve --workdir=workdirs/retrieve                # the sweep, minutes
+    python -m experiments.retrieve --workdir=workdirs/retrieve --serve_only --port=8000
+    python -m experiments.retrieve --distractors=0,4 --steps=200 --train_size=500   # tiny
+
+Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mode and number of
+distractors, training time), retrieve.png (the same against distractors), retriever.npz and
+model.json (the model the page serves) and retrieve.html into the workdir. With --port > 0 it
+then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
+attn.inspection.retrieve.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
+--retrieval_loss, --modes, ...
+"""
+
+import os
+
+from attn.inspection.retrieve import RetrieveConfig
+from attn.inspection.retrieve_server import RetrieveServing
+from attn.launching import cli
+
+WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
+
+
+def define_flags():
+  """One flag per field of RetrieveConfig and RetrieveServing (defined on demand, so tests can
+  import this module next to other flag-defining ones)."""
+  cli.define_settings_flags(RetrieveConfig)
+  cli.define_settings_flags(RetrieveServing)
+
+
+def main(argv):
+  del argv
+  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
+  from attn.inspection import focus_server, retrieve, retrieve_server
+  cfg = cli.settings_from_flags(RetrieveConfig)
+  serving = cli.settings_from_flags(RetrieveServing)
+  page = focus_server.inline_page(WEB_DIR)
+  if not serving.serve_only:
+    results = retrieve.train_and_evaluate(cfg, serving.workdir, page=page)
+    print("\n" + retrieve.results_table(results))
+    print(f"wrote {serving.workdir}/{{{retrieve.RESULTS_FILE},{retrieve.TABLE_FILE},"
+          f"{retrieve.PLOT_FILE},{retrieve.PAGE_FILE}}}")
+  if serving.port:
+    service = retrieve_server.RetrieveService.from_workdir(serving.workdir)
+    cli.serve(lambda: focus_server.make_server(service, page, serving.port), serving.port)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)
