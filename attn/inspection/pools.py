@@ -90,6 +90,12 @@ def _mentions(sentences, obj: str) -> bool:
   return any(obj in stories.tokenize(s) for s in sentences)
 
 
+def _eligible(bank, objects) -> dict:
+  """object -> bank rows of the stories that never mention it."""
+  return {o: np.array([j for j, s in enumerate(bank) if not _mentions(s, o)], np.int64)
+          for o in objects}
+
+
 def build(num: int, distractors: int, seed: int, config: stories.StoryConfig = POOL_STORIES,
           vocab: stories.Vocab | None = None, bank_size: int | None = None) -> Pools:
   """`num` questions, each in a pool of its own story and `distractors` bank stories that do not
@@ -104,18 +110,20 @@ def build(num: int, distractors: int, seed: int, config: stories.StoryConfig = P
   gold = two_hop_questions(num, int(rng.integers(2**31)), config)
   bank_size = bank_size or max(4 * distractors, 64)
   bank = [ex.sentences for ex in stories.generate(bank_size, int(rng.integers(2**31)), config)]
-  eligible = {o: np.array([j for j, s in enumerate(bank) if not _mentions(s, o)], np.int64)
-              for o in config.objects}
+  eligible = _eligible(bank, config.objects)
+  while min(map(len, eligible.values())) < distractors:  # objects in most stories: grow the bank
+    if len(bank) > 64 * max(bank_size, distractors):
+      raise ConfigError(f"stories without each object are too rare for {distractors} "
+                        f"distractors: use more objects or fewer distractors")
+    bank += [ex.sentences for ex in stories.generate(len(bank), int(rng.integers(2**31)),
+                                                     config)]
+    eligible = _eligible(bank, config.objects)
   P = distractors + 1
   pool = np.zeros((num, P), np.int32)
   position = rng.integers(P, size=num).astype(np.int32)
   for i, ex in enumerate(gold):
     obj = stories.tokenize(ex.question)[-1]
-    rows = eligible[obj]
-    if len(rows) < distractors:
-      raise ConfigError(f"the bank holds {len(rows)} stories without {obj!r}; {distractors} "
-                        f"distractors need a larger bank_size")
-    picked = num + rng.choice(rows, distractors, replace=False)
+    picked = num + rng.choice(eligible[obj], distractors, replace=False)
     pool[i] = np.insert(picked, position[i], i)
   sentences = [ex.sentences for ex in gold] + bank
   x, mask = stories.pad_stories([[vocab.encode(s) for s in st] for st in sentences],

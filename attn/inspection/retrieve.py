@@ -268,14 +268,18 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
   trained with the most distractors, what the page serves), and retrieve.html when `page` is
   given. Returns the results (what retrieve.json holds)."""
   say = print if verbose else (lambda *a, **k: None)
-  os.makedirs(workdir, exist_ok=True)
   sc = cfg.stories
   vocab = stories.Vocab.for_config(sc)
+  # Every pool is built (and can refuse the settings) before anything is written.
+  data = {d: (pools.build(cfg.train_size, d, cfg.seed, sc, vocab).arrays,
+              pools.build(cfg.test_size, d, cfg.seed + 1_000_003, sc, vocab).arrays)
+          for d in cfg.distractors}
+  shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
+                      vocab)
+  os.makedirs(workdir, exist_ok=True)
   results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
   served = None
-  for d in cfg.distractors:
-    train_set = pools.build(cfg.train_size, d, cfg.seed, sc, vocab).arrays
-    test_set = pools.build(cfg.test_size, d, cfg.seed + 1_000_003, sc, vocab).arrays
+  for d, (train_set, test_set) in data.items():
     for mode in cfg.modes:
       t0 = time.time()
       model, losses = train(cfg, mode, train_set, len(vocab))
@@ -288,8 +292,6 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
         served = model
   results["baselines"] = baselines(cfg, 1 + max(cfg.distractors))
   _save_params(os.path.join(workdir, SERVED_PARAMS), served)
-  shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
-                      vocab)
   files.write_json(os.path.join(workdir, MODEL_FILE), {
       "stories": dataclasses.asdict(sc), "vocab": vocab.words, "model": served.cfg.to_dict(),
       "trained_distractors": max(cfg.distractors),

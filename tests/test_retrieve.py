@@ -1,0 +1,140 @@
+"""Retrieval, then read: pools of distractor stories, the top-k retrieval scope, recall@k, a tiny
+run that learns, and the entry point's refusals."""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attn.errors import ConfigError
+from attn.inspection import pools, retrieve, stories
+from attn.models import retriever
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = pools.PoolStoryConfig(max_sentences=6)
+
+
+def _apply(model, passages, mask, question, seed=0):
+  """The jitted model (eager nnx calls dispatch op by op: seconds on a busy machine)."""
+  return retriever.apply(*nnx.split(model), passages, mask, question, jax.random.PRNGKey(seed))
+
+
+def test_each_pool_holds_its_own_story_and_the_asked_number_of_distractors_without_its_object():
+  built = pools.build(40, 5, seed=3, config=SMALL)
+  a = built.arrays
+  assert a.pool.shape == (40, 6) and a.stories.shape[1] == SMALL.max_sentences
+  for i, ex in enumerate(built.examples):
+    assert a.pool[i, a.gold[i]] == i  # bank rows 0..N-1 are the gold stories, in order
+    assert built.passages(i)[a.gold[i]] == ex.sentences
+    distractors = np.delete(a.pool[i], a.gold[i])
+    assert len(set(distractors.tolist())) == 5 and (distractors >= 40).all()
+    obj = stories.tokenize(ex.question)[-1]
+    assert ex.kind == "object" and not any(
+        obj in stories.tokenize(s) for p in np.delete(np.arange(6), a.gold[i])
+        for s in built.passages(i)[p])
+    take, move = (ex.sentences[j] for j in a.supports[i])
+    holder = take.split()[0]
+    assert obj in stories.tokenize(take) and move.startswith(holder + " ")
+    assert move.endswith(f"the {ex.answer}.") and a.answer[i] == SMALL.places.index(ex.answer)
+  assert len(set(a.gold.tolist())) > 1  # the gold story is not always in the same place
+  again = pools.build(40, 5, seed=3, config=SMALL).arrays
+  assert all(np.array_equal(x, y) for x, y in zip(a, again))
+  assert pools.build(3, 0, seed=1, config=SMALL).arrays.pool.shape == (3, 1)
+
+
+def test_the_retrieval_scope_keeps_the_k_best_passages_and_p_z_lives_on_it():
+  scores = jnp.array([[0.1, 3.0, -1.0, 2.0, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]])
+  np.testing.assert_array_equal(retriever.retrieval_scope(scores, 2),
+                                [[False, True, False, True, False], [True, True, False, False,
+                                                                     False]])
+  built = pools.build(6, 4, seed=0, config=SMALL)
+  a = built.arrays
+  vocab = stories.Vocab.for_config(SMALL)
+  model = retriever.build(retriever.RetrieverConfig(len(vocab), len(SMALL.places),
+                                                    SMALL.max_sentences, dim=8, top_k=2))
+  out = _apply(model, *retrieve.batch_arrays(a, np.arange(6))[:3])
+  top2 = np.argsort(-np.asarray(out.passage_scores), axis=1)[:, :2]
+  assert sorted(map(sorted, top2.tolist())) == sorted(map(sorted, np.asarray(out.retrieved)
+                                                          .tolist()))
+  w = np.asarray(out.passage_weights)
+  assert ((w > 0).sum(1) == 2).all() and np.allclose(w.sum(1), 1.0, atol=1e-6)
+  e = np.take_along_axis(np.asarray(out.passage_scores), top2, axis=1)
+  want = np.exp(e) / np.exp(e).sum(1, keepdims=True)  # softmax over the two kept scores
+  np.testing.assert_allclose(np.take_along_axis(w, top2, axis=1), want, rtol=1e-5)
+  assert np.allclose(np.exp(np.asarray(out.log_probs)).sum(1), 1.0, atol=1e-5)
+
+
+def test_recall_at_k_against_a_hand_worked_example():
+  scores = np.array([[0.1, 0.9, 0.5, 0.2],   # gold 2: rank 2
+                     [0.7, 0.1, 0.3, 0.9],   # gold 0: rank 2
+                     [0.4, 0.4, 0.1, 0.0],   # gold 1: tied with an earlier passage: rank 2
+                     [0.0, 0.1, 0.2, 0.3]])  # gold 0: rank 4
+  gold = np.array([2, 0, 1, 0])
+  assert pools.recall_at_k(scores, gold, 1) == 0.0
+  assert pools.recall_at_k(scores, gold, 2) == 0.75
+  assert pools.recall_at_k(scores, gold, 3) == 0.75
+  assert pools.recall_at_k(scores, gold, 4) == 1.0
+
+
+def test_a_tiny_run_retrieves_the_gold_story_and_answers_above_chance():
+  cfg = retrieve.RetrieveConfig(stories=SMALL, distractors=(4,), modes=("retrieve",), dim=16,
+                                steps=250, batch_size=32, train_size=500, test_size=200)
+  vocab = stories.Vocab.for_config(SMALL)
+  train_set = pools.build(cfg.train_size, 4, 0, SMALL, vocab).arrays
+  test_set = pools.build(cfg.test_size, 4, 1, SMALL, vocab).arrays
+  model, losses = retrieve.train(cfg, "retrieve", train_set, len(vocab))
+  row = retrieve.evaluate(model, test_set, cfg)
+  assert losses[-20:].mean() < losses[:20].mean()
+  assert row["recall_at_k"] > 0.9 > 2 / 5  # random k = 2 of 5 passages: 0.4
+  assert row["answer_accuracy"] > 2 / len(SMALL.places)  # chance 1/6
+  out = retrieve.run_model(model, test_set)
+  assert row["recall_at_k"] == pools.recall_at_k(out.passage_scores, test_set.gold, 2)
+
+
+def test_whole_pool_and_random_modes_read_what_they_say():
+  a = pools.build(4, 3, seed=2, config=SMALL).arrays
+  vocab = stories.Vocab.for_config(SMALL)
+  batch = retrieve.batch_arrays(a, np.arange(4))[:3]
+  cfg = retriever.RetrieverConfig(len(vocab), len(SMALL.places), SMALL.max_sentences, dim=8)
+  flat = _apply(retriever.build(dataclasses.replace(cfg, mode="whole_pool")), *batch)
+  assert flat.sentence_weights.shape == (4, 1, 2, 4 * SMALL.max_sentences)
+  assert np.allclose(np.asarray(flat.sentence_weights).sum(-1), 1.0, atol=1e-5)
+  rand = retriever.build(dataclasses.replace(cfg, mode="random"))
+  picks = {tuple(sorted(np.asarray(_apply(rand, *batch, seed=s).retrieved[0])))
+           for s in range(8)}
+  assert len(picks) > 1  # different keys, different passages
+  w = np.asarray(_apply(rand, *batch).passage_weights)
+  assert np.allclose(np.sort(w, axis=1)[:, -2:], 0.5)  # read with equal weight
+
+
+def test_bad_settings_are_config_errors():
+  with pytest.raises(ConfigError, match="unknown retrieval mode 'nope'"):
+    retrieve.RetrieveConfig(modes=("retrieve", "nope"))
+  with pytest.raises(ConfigError, match="distractors"):
+    retrieve.RetrieveConfig(distractors=(4, -1))
+  with pytest.raises(ConfigError, match="top_k must be >= 1"):
+    retrieve.RetrieveConfig(top_k=0)
+  with pytest.raises(ConfigError, match="at least two objects"):
+    retrieve.RetrieveConfig(stories=pools.PoolStoryConfig(objects=("apple",)))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes=retrieve,bogus"], "unknown retrieval mode 'bogus'; known: random, retrieve, "
+                                 "whole_pool"),
+    (["--distractors=0,x"], "--distractors"),
+])
+def test_the_entry_point_refuses_bad_flags_in_one_line_before_writing(tmp_path, args, message):
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-m", "experiments.retrieve", f"--workdir={workdir}",
+                         *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert done.returncode == 2 and re.match(r"error: ", done.stderr), done.stderr[-2000:]
+  assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  assert not workdir.exists()
