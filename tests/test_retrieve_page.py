@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from attn.errors import ConfigError
 from attn.inspection import focus_server, pools, retrieve, retrieve_server
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 from test_focus_page import _settled
@@ -91,3 +92,8 @@ def test_the_page_shows_both_stages_weights_as_the_api_sends_them(site, browser)
   assert shown["sentences"] == want["sentences"]
   assert shown["weights"] == pytest.approx(want["weights"], abs=1e-5)
   assert shown["sentencesTitle"] == want["sentences_title"]
+
+
+def test_serving_a_workdir_without_a_trained_model_is_one_config_error(tmp_path):
+  with pytest.raises(ConfigError, match=r"no trained retriever in .* run without --serve_only"):
+    retrieve_server.RetrieveService.from_workdir(str(tmp_path))

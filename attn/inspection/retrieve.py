@@ -211,6 +211,10 @@ def _sample_record(built: pools.Pools, i: int) -> dict:
           "supports": built.arrays.supports[i].tolist()}
 
 
+def _recall(mode: str, row: dict) -> str:
+  return "all" if retriever.RETRIEVAL.get(mode).flat else f"{row['recall_at_k']:.3f}"
+
+
 def results_table(results: dict) -> str:
   """Markdown: one row per number of distractors, recall@k and accuracy per mode."""
   modes = list(results["modes"])
@@ -221,13 +225,13 @@ def results_table(results: dict) -> str:
   for j, d in enumerate(results["config"]["distractors"]):
     evals = [results["modes"][m][j] for m in modes]
     rows.append([str(d), str(evals[0]["passages"])]
-                + [f"{e['recall_at_k']:.3f} / {e['answer_accuracy']:.3f}" for e in evals]
+                + [f"{_recall(m, e)} / {e['answer_accuracy']:.3f}" for m, e in zip(modes, evals)]
                 + [" / ".join(f"{h:.2f}" for h in e["hop_hits"]) for e in evals])
   train = [[m] + [f"{e['train_seconds']:.1f}" for e in results["modes"][m]] for m in modes]
   return "\n".join([
       f"test set of {results['config']['test_size']} two-hop questions per row; top_k = {k}; "
       f"chance: answer {results['baselines']['answer_uniform']:.3f}; hop hits: hop 1 on the "
-      "pick-up, hop 2 on the holder's last move", "",
+      "pick-up, hop 2 on the holder's last move; `all`: reads every story", "",
       markdown_table(header, rows), "", "training time (s) per number of distractors", "",
       markdown_table(["mode"] + [str(d) for d in results["config"]["distractors"]], train)]) + "\n"
 
@@ -240,8 +244,9 @@ def plot(results: dict, path: str):
   x = [max(v, 0.5) for v in d]  # 0 distractors on a log axis
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
   for name, rows in results["modes"].items():
-    for ax, key in zip(axes, ("answer_accuracy", "recall_at_k")):
-      ax.plot(x, [r[key] for r in rows], marker="o", label=name)
+    axes[0].plot(x, [r["answer_accuracy"] for r in rows], marker="o", label=name)
+    if not retriever.RETRIEVAL.get(name).flat:  # a whole-pool reader retrieves nothing
+      axes[1].plot(x, [r["recall_at_k"] for r in rows], marker="o", label=name)
   axes[0].axhline(results["baselines"]["answer_uniform"], color="grey", ls=":", label="chance")
   for ax, title in zip(axes, ("answer accuracy", f"recall@{results['config']['top_k']}")):
     ax.set_xscale("log")
