@@ -49,28 +49,6 @@ def test_each_pool_holds_its_own_story_and_the_asked_number_of_distractors_witho
   assert pools.build(3, 0, seed=1, config=SMALL).arrays.pool.shape == (3, 1)
 
 
-def test_the_retrieval_scope_keeps_the_k_best_passages_and_p_z_lives_on_it():
-  scores = jnp.array([[0.1, 3.0, -1.0, 2.0, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]])
-  np.testing.assert_array_equal(retriever.retrieval_scope(scores, 2),
-                                [[False, True, False, True, False], [True, True, False, False,
-                                                                     False]])
-  built = pools.build(6, 4, seed=0, config=SMALL)
-  a = built.arrays
-  vocab = stories.Vocab.for_config(SMALL)
-  model = retriever.build(retriever.RetrieverConfig(len(vocab), len(SMALL.places),
-                                                    SMALL.max_sentences, dim=8, top_k=2))
-  out = _apply(model, *retrieve.batch_arrays(a, np.arange(6))[:3])
-  top2 = np.argsort(-np.asarray(out.passage_scores), axis=1)[:, :2]
-  assert sorted(map(sorted, top2.tolist())) == sorted(map(sorted, np.asarray(out.retrieved)
-                                                          .tolist()))
-  w = np.asarray(out.passage_weights)
-  assert ((w > 0).sum(1) == 2).all() and np.allclose(w.sum(1), 1.0, atol=1e-6)
-  e = np.take_along_axis(np.asarray(out.passage_scores), top2, axis=1)
-  want = np.exp(e) / np.exp(e).sum(1, keepdims=True)  # softmax over the two kept scores
-  np.testing.assert_allclose(np.take_along_axis(w, top2, axis=1), want, rtol=1e-5)
-  assert np.allclose(np.exp(np.asarray(out.log_probs)).sum(1), 1.0, atol=1e-5)
-
-
 def test_recall_at_k_against_a_hand_worked_example():
   scores = np.array([[0.1, 0.9, 0.5, 0.2],   # gold 2: rank 2
                      [0.7, 0.1, 0.3, 0.9],   # gold 0: rank 2
@@ -83,19 +61,41 @@ def test_recall_at_k_against_a_hand_worked_example():
   assert pools.recall_at_k(scores, gold, 4) == 1.0
 
 
-def test_a_tiny_run_retrieves_the_gold_story_and_answers_above_chance():
+@pytest.fixture(scope="module")
+def trained():
+  """(config, test pools, the model's outputs on them, training losses) of a tiny run."""
   cfg = retrieve.RetrieveConfig(stories=SMALL, distractors=(4,), modes=("retrieve",), dim=16,
                                 steps=250, batch_size=32, train_size=500, test_size=200)
   vocab = stories.Vocab.for_config(SMALL)
   train_set = pools.build(cfg.train_size, 4, 0, SMALL, vocab).arrays
   test_set = pools.build(cfg.test_size, 4, 1, SMALL, vocab).arrays
   model, losses = retrieve.train(cfg, "retrieve", train_set, len(vocab))
+  return cfg, test_set, retrieve.run_model(model, test_set), (model, losses)
+
+
+def test_a_tiny_run_retrieves_the_gold_story_and_answers_above_chance(trained):
+  cfg, test_set, out, (model, losses) = trained
   row = retrieve.evaluate(model, test_set, cfg)
   assert losses[-20:].mean() < losses[:20].mean()
   assert row["recall_at_k"] > 0.9 > 2 / 5  # random k = 2 of 5 passages: 0.4
   assert row["answer_accuracy"] > 2 / len(SMALL.places)  # chance 1/6
-  out = retrieve.run_model(model, test_set)
   assert row["recall_at_k"] == pools.recall_at_k(out.passage_scores, test_set.gold, 2)
+
+
+def test_the_retrieval_scope_keeps_the_k_best_passages_and_p_z_lives_on_it(trained):
+  scores = jnp.array([[0.1, 3.0, -1.0, 2.0, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]])
+  np.testing.assert_array_equal(retriever.retrieval_scope(scores, 2),
+                                [[False, True, False, True, False], [True, True, False, False,
+                                                                     False]])
+  _, _, out, _ = trained
+  top2 = np.argsort(-out.passage_scores, axis=1)[:, :2]
+  np.testing.assert_array_equal(np.sort(top2, 1), np.sort(out.retrieved, 1))
+  w = out.passage_weights
+  assert ((w > 0).sum(1) == 2).all() and np.allclose(w.sum(1), 1.0, atol=1e-6)
+  e = np.take_along_axis(out.passage_scores, top2, axis=1)
+  want = np.exp(e) / np.exp(e).sum(1, keepdims=True)  # softmax over the two kept scores
+  np.testing.assert_allclose(np.take_along_axis(w, top2, axis=1), want, rtol=1e-4, atol=1e-6)
+  assert np.allclose(np.exp(out.log_probs).sum(1), 1.0, atol=1e-5)
 
 
 def test_whole_pool_and_random_modes_read_what_they_say():
