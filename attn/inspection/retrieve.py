@@ -183,6 +183,8 @@ def hop_hits(out: retriever.RetrieveOut, data: pools.PoolSet, max_sentences: int
 
 
 def evaluate(model, data: pools.PoolSet, cfg: RetrieveConfig) -> dict:
+  """recall@k (1.0 for whole_pool, which reads everything), answer accuracy and hop hits on
+  `data`."""
   out = run_model(model, data, cfg.seed)
   flat = retriever.RETRIEVAL.get(model.cfg.mode).flat
   return {"passages": int(data.pool.shape[1]),

@@ -77,8 +77,9 @@ class RetrieverConfig:
 
 class RetrieveOut(NamedTuple):
   """log_probs [B, A]: log p(a|q); passage_scores [B, P]: r_q . r_p (zeros for whole_pool);
-  passage_weights [B, P]: p(z|q), 0 outside the retrieved set; retrieved [B, Z] passage indices
-  read (Z = k; whole_pool: Z = 1, index 0); sentence_weights [B, Z, hops, S'] each hop's reader
+  passage_weights [B, P]: p(z|q), 0 outside the retrieved set (whole_pool: 1/P, everything is
+  read); retrieved [B, Z] passage indices read (Z = k; whole_pool: Z = 1, index 0);
+  sentence_weights [B, Z, hops, S'] each hop's reader
   weights inside passage z (S' = S, or P * S for whole_pool); answer_log_probs [B, Z, A]:
   log p(a|q, z)."""
   log_probs: jax.Array
