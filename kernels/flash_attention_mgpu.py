@@ -131,7 +131,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_s
     plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bar.at[slot])
 
   plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q0, bq)], q_smem, q_bar)
-  for j in range(STAGES):  # fill the pipeline; a tile past the key range is never fetched
+  for j in range(min(STAGES, k_ref.shape[2] // block_k)):  # fill the pipeline (tiles in range)
     pl.when(j < n)(functools.partial(fetch, j, j))
   plgpu.barrier_wait(q_bar)
 
