@@ -17,7 +17,8 @@ soon as tile j's last WGMMA has consumed its slot, so the copies overlap the mat
 WGMMA from shared memory into float32 registers, the online softmax of FlashAttention-2
 (Algorithm 1, lines 8-10, the finite MASK_VALUE convention of `_common.online_softmax_update`),
 P cast to the input dtype and O += P V by WGMMA with P from registers. Key tiles past the key
-length (and past the causal diagonal) are never fetched. The output tile and its lse leave through
+length (and past the causal diagonal) are never fetched; tiles that every row of the query tile
+sees whole skip the mask. The output tile and its lse leave through
 shared memory by TMA.
 
 Limits: WGMMA takes 16-bit operands here (bfloat16, float16); float32 inputs (tf32 WGMMA would
@@ -114,6 +115,16 @@ def _wgmma_iota(shape, dim):
   return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
 
+def _whole_key_blocks(q0, bq, block_k, key_length, query_length, causal, n):
+  """How many key tiles from the first are visible whole to every row of the query tile at q0:
+  below the key length, at or left of the causal diagonal of its first row, and no padded row
+  in the tile (at most n, the tiles visited)."""
+  whole = lax.div(key_length, jnp.int32(block_k))
+  if causal:  # tile j is left of row q0's diagonal when (j + 1) * block_k - 1 <= q0
+    whole = jnp.minimum(whole, lax.div(q0 + 1, jnp.int32(block_k)))
+  return jnp.where(q0 + bq <= query_length, jnp.minimum(whole, n), 0)
+
+
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_smem, v_smem,
                 o_smem, lse_smem, q_bar, k_bar, v_bar, *, scale, causal, block_k, interpret):
   bq, dv = q_smem.shape[0], v_smem.shape[-1]
@@ -135,20 +146,23 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_s
     pl.when(j < n)(functools.partial(fetch, j, j))
   plgpu.barrier_wait(q_bar)
 
-  def body(j, carry):
+  def body(j, carry, masked):
     m_prev, l_prev, acc = carry
     slot = lax.rem(j, jnp.int32(STAGES))
     plgpu.barrier_wait(k_bar.at[slot])
     s = s_tile(q_smem, k_smem.at[slot]) * scale  # [bq, bk] f32
-    q_pos, k_pos = q0 + iota(s.shape, 0), j * block_k + iota(s.shape, 1)
-    valid = (k_pos < key_length) & (q_pos < query_length)
-    if causal:
-      valid &= k_pos <= q_pos
+    if masked:
+      q_pos, k_pos = q0 + iota(s.shape, 0), j * block_k + iota(s.shape, 1)
+      valid = (k_pos < key_length) & (q_pos < query_length)
+      if causal:
+        valid &= k_pos <= q_pos
+      s = jnp.where(valid, s, _common.MASK_VALUE)
     # The online softmax, Algorithm 1 lines 8-10, as in _common.online_softmax_update.
-    s = jnp.where(valid, s, _common.MASK_VALUE)
     m_new = jnp.maximum(m_prev, s.max(axis=1))
     alpha = jnp.exp(m_prev - m_new)
-    p = jnp.where(valid, jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0])), 0.0)
+    p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+    if masked:
+      p = jnp.where(valid, p, 0.0)
     l_new = alpha * l_prev + p.sum(axis=1)
     plgpu.barrier_wait(v_bar.at[slot])
     pv = pv_tile(p.astype(v_smem.dtype), v_smem.at[slot])  # [bq, dv] f32
@@ -160,7 +174,10 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_s
   init = (cast(jnp.full((bq,), _common.MASK_VALUE, _F32), row_layout),
           cast(jnp.full((bq,), 0.0, _F32), row_layout),
           cast(jnp.full((bq, dv), 0.0, _F32), plgpu.Layout.WGMMA))
-  m, l, acc = lax.fori_loop(0, n, body, init)
+  # Key tiles every row of this query tile sees whole skip the mask (FlashAttention-3's split).
+  n_whole = _whole_key_blocks(q0, bq, block_k, key_length, query_length, causal, n)
+  carry = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
+  m, l, acc = lax.fori_loop(n_whole, n, functools.partial(body, masked=True), carry)
   # Algorithm 1, lines 12-13, as in _common.finish_softmax: empty rows -> (0, -inf).
   nonempty = l > 0
   l_safe = jnp.where(nonempty, l, 1.0)

@@ -101,13 +101,14 @@ def test_unknown_gpu_lowering_is_refused():
 # Values in the Mosaic GPU interpreter.
 
 VALUE_CASES = [
-    # Odd lengths over one 64-row tile, Tq < Tk, a batch row with no keys, padded queries; four
-    # key tiles, so both pipeline slots are refilled.
+    # Odd lengths over one 64-row tile, Tq < Tk, a batch row with no keys; four key tiles, so
+    # both pipeline slots are refilled, three of them unmasked for the first query tile.
     (Case("cross_padded", B=2, Tq=70, Tk=201, H=1, d=64, dv=64, causal=False,
-          key_lengths=(201, 0), query_lengths=(61, 70)), jnp.bfloat16),
-    # Causal, head dim 128 and a value dim that is not (padded to 64 multiples inside).
-    (Case("causal_d128", B=1, Tq=77, Tk=77, H=2, d=128, dv=80, causal=True,
-          key_lengths=(50,), query_lengths=(70,)), jnp.float16),
+          key_lengths=(201, 0)), jnp.bfloat16),
+    # Causal, padded queries, head dim 128 and a value dim that is not (padded to 64 multiples
+    # inside); the second query tile sees its first key tile whole (unmasked).
+    (Case("causal_d128", B=1, Tq=150, Tk=150, H=1, d=128, dv=80, causal=True,
+          key_lengths=(150,), query_lengths=(140,)), jnp.float16),
 ]
 
 
