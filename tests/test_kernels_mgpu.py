@@ -85,6 +85,13 @@ def test_float32_keeps_the_triton_forward():
   assert CALL_RE.findall(_export(jnp.float32, 64, True)) == [TRITON_CALL]
 
 
+def test_other_targets_ignore_it():
+  """For a TPU, gpu_lowering="mosaic" changes nothing: the Mosaic TPU kernels, as by default."""
+  x = jax.ShapeDtypeStruct((1, 64, 1, 64), jnp.bfloat16)
+  text = jax.export.export(jax.jit(_attend(False)), platforms=["tpu"])(x, x, x, None, None)
+  assert CALL_RE.findall(text.mlir_module()) == ["tpu_custom_call"]
+
+
 def test_smem_estimate_figures():
   """The largest tiles the defaults use, pinned so a tile change shows up here."""
   assert fm.smem_bytes(128, 128, 64, jnp.bfloat16) == 98560
