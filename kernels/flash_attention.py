@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton, flash_attention_mgpu
+from kernels import _common, _skeleton
 from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
                              stats_spec)
 
@@ -204,11 +204,17 @@ def _check_inputs(q, k, v, theta):
     raise ValueError(f"empty head dim or sequence: q {q.shape}, k {k.shape}, v {v.shape}")
 
 
+def _mosaic_forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
+  """gpu_lowering="mosaic": the Mosaic GPU forward, with this module's Triton one as fallback."""
+  from kernels import flash_attention_mgpu  # imports Mosaic GPU (~0.4 s): only when chosen
+  return flash_attention_mgpu.forward(q, k, v, theta, kl, ql, cfg, fallback=_forward)
+
+
 SPEC = _skeleton.KernelSpec(
     name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
     check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
     blocked_blocks=BLOCKED_BLOCKS,
-    mosaic_forward=functools.partial(flash_attention_mgpu.forward, fallback=_forward))
+    mosaic_forward=_mosaic_forward)
 
 
 # ----------------------------------------------------------------------------------------------
