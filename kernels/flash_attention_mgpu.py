@@ -18,8 +18,7 @@ WGMMA from shared memory into float32 registers, the online softmax of FlashAtte
 (Algorithm 1, lines 8-10, the finite MASK_VALUE convention of `_common.online_softmax_update`),
 P cast to the input dtype and O += P V by WGMMA with P from registers. Key tiles past the key
 length (and past the causal diagonal) are never fetched; tiles that every row of the query tile
-sees whole skip the mask. The output tile and its lse leave through
-shared memory by TMA.
+sees whole skip the mask. The output tile and its lse leave through shared memory by TMA.
 
 Limits: WGMMA takes 16-bit operands here (bfloat16, float16); float32 inputs (tf32 WGMMA would
 round q and k to 10 mantissa bits, far outside the float32 tolerance) and head dims above
@@ -248,6 +247,9 @@ def forward(q, k, v, theta, kl, ql, cfg, *, fallback):
   if not supports(q.dtype, q.shape[-1], v.shape[-1]):
     return fallback(q, k, v, theta, kl, ql, cfg)
   block_k = max(FEATURE_MULTIPLE, cfg.blocks.block_k)
+  while block_k > FEATURE_MULTIPLE and (
+      smem_bytes(q.shape[-1], v.shape[-1], block_k, q.dtype) > SMEM_LIMIT):
+    block_k //= 2  # e.g. d = 256 with block_k = 128 would not fit
   run = functools.partial(mosaic_forward, scale=dict(cfg.score_kw)["scale"], causal=cfg.causal,
                           block_k=block_k)
   if cfg.interpret:

@@ -43,10 +43,10 @@ def _attend(masked, **kw):
                                                    **kw)
 
 
-def _export(dtype, d, masked, backward=False):
+def _export(dtype, d, masked, backward=False, **kw):
   x = lambda *shape, dt=dtype: jax.ShapeDtypeStruct(shape, dt)
   lens = x(B, dt=jnp.int32) if masked else None
-  f = attend = _attend(masked)
+  f = attend = _attend(masked, **kw)
   if backward:  # the Mosaic GPU forward, then the Triton dq and dk/dv kernels
     f = jax.grad(lambda *a: jnp.sum(attend(*a).astype(jnp.float32)), argnums=(0, 1, 2))
   checks = [jax.export.DisabledSafetyCheck.custom_call(c) for c in (TRITON_CALL, MOSAIC_CALL)]
@@ -83,6 +83,13 @@ def test_forward_and_backward_lower_mosaic_then_triton(dtype, d):
 def test_float32_keeps_the_triton_forward():
   """WGMMA would take float32 as tf32 (10 mantissa bits): float32 stays on Triton."""
   assert CALL_RE.findall(_export(jnp.float32, 64, True)) == [TRITON_CALL]
+
+
+def test_a_key_tile_too_large_for_shared_memory_is_halved(smem_figures):
+  """d = 256 with block_k = 128 would need 320 KiB; the forward takes 64-key tiles instead."""
+  assert fm.smem_bytes(256, 256, 128, jnp.bfloat16) > SMEM_LIMIT
+  assert CALL_RE.findall(_export(jnp.bfloat16, 256, True, block_k=128)) == [MOSAIC_CALL]
+  assert fm.smem_bytes(256, 256, 64, jnp.bfloat16) <= smem_figures[0] <= SMEM_LIMIT
 
 
 def test_other_targets_ignore_it():
