@@ -21,8 +21,9 @@ RUN = ("import runpy, sys\n"
 
 
 def test_the_dry_run_passes_and_writes_the_table_without_flax_tfds_grain_or_pytest(tmp_path):
-  """~20 s on 2 cores (one interpret-mode kernel per fused kernel, forward and gradients, and the
-  table's compiles): the only run of the GPU flow this machine can make."""
+  """~20 s on 2 cores (one interpret-mode kernel per fused kernel and the dot kernel's Mosaic GPU
+  forward in the Mosaic GPU interpreter, forward and gradients, and the table's compiles): the
+  only run of the GPU flow this machine can make."""
   proc = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], cwd=REPO,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
