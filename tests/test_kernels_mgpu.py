@@ -9,7 +9,9 @@ residuals. The shared-memory figure is the one the Mosaic GPU lowering computes 
 Values: interpret mode runs the kernel's copies, barriers, pipeline, masks and softmax in the
 Mosaic GPU interpreter (the matrix products as dot_general: see kernels/flash_attention_mgpu.py),
 with the tolerance rule of tests/kernel_cases.py; the backward is the Triton kernels'
-interpret mode.
+interpret mode. Each value case takes ~10-15 s on 2 cores: the interpreter runs every kernel
+operation through a host callback, and the cases need four key tiles (pipeline refills, masked
+and unmasked tiles) to cover the kernel.
 """
 
 import re
