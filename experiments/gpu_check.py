@@ -6,7 +6,9 @@ then the speed table against cuDNN, XLA and JAX's own Pallas GPU attention.
 
 (a) Correctness: kernels.attention and kernels.additive_attention (implementation="pallas",
 compiled; interpret mode in the dry run), bf16 and f32, d 64 and 128, odd lengths, padded keys
-and queries, a batch row with no keys, causal, forward (out, lse) and every gradient, against the
+and queries, a batch row with no keys, causal, forward (out, lse) and every gradient; on Hopper
+also kernels.attention with gpu_lowering="mosaic" (its Mosaic GPU forward, bf16; in the dry run
+through the Mosaic GPU interpreter); all against the
 float64 NumPy references with the kernel tests' tolerance rule (tests/kernel_cases.py: at most
 twice the dense "xla" implementation's error on the same device, plus a floor). One line per case;
 any failure makes the exit status 1 (after the table is still written).
@@ -40,7 +42,11 @@ from tests import kernel_cases as kc  # jax and numpy only: the tests' reference
 # (T, repeats): fewer timed calls where one call is long, to fit the 8-minute budget.
 GPU_SWEEP = ((1024, 10), (2048, 10), (4096, 5), (8192, 3), (16384, 2))
 DRY_SWEEP = ((64, 1), (128, 1))
-PEERS = ("pallas", "cudnn", "xla", "jax_triton")
+PEERS = ("pallas", "pallas_mosaic", "cudnn", "xla", "jax_triton")
+# Part (a)'s kernels: (the kernel whose inputs and reference apply, options of its pallas run).
+# dot_mosaic is the dot kernel's Mosaic GPU forward (Hopper) with its Triton backward.
+KERNEL_RUNS = {"dot": ("dot", {}), "dot_mosaic": ("dot", {"gpu_lowering": "mosaic"}),
+               "additive": ("additive", {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +81,22 @@ def _cases(dry_run: bool):
       # The dry run keeps one case per kernel: it checks the flow, the kernel tests the values.
       pair = ((padded,) if kernel == "dot" else (causal,)) if dry_run else (padded, causal)
       out += [(kernel, c, dt) for c in pair for dt in dtypes]
+      if kernel == "dot" and (dry_run or _hopper()):  # Mosaic GPU: 16-bit inputs, WGMMA
+        out += [("dot_mosaic", c, jnp.bfloat16) for c in pair]
   return out
+
+
+def _hopper() -> bool:
+  """Whether the device has WGMMA (sm_90), which the Mosaic GPU forward needs."""
+  return getattr(jax.devices()[0], "compute_capability", None) == "9.0"
 
 
 def _runner(kernel: str, case, implementation: str, interpret):
   """fn(*inputs) -> (out, lse) with the case's masks, for kc.loss_and_grads."""
+  kernel, options = KERNEL_RUNS[kernel]
   kw = dict(causal=case.causal, implementation=implementation)
   if implementation == "pallas":
-    kw["interpret"] = interpret
+    kw.update(interpret=interpret, **options)
   if kernel == "dot":
     return lambda kl, ql: (lambda q, k, v: fa.attention_with_lse(
         q, k, v, key_lengths=kl, query_lengths=ql, **kw))
@@ -92,7 +106,7 @@ def _runner(kernel: str, case, implementation: str, interpret):
 
 def check_case(kernel: str, case, dtype, interpret: bool) -> str:
   """'ok' or what failed: out, lse and every gradient of the compiled kernel against float64."""
-  if kernel == "dot":
+  if KERNEL_RUNS[kernel][0] == "dot":
     *args, kl, ql = kc.dot_inputs(case, dtype)
     ref = kc.np_attention(*args, kl, ql, case.causal, case.d ** -0.5, *kc.cotangents(case))
     names = ("out", "lse", "dq", "dk", "dv")

@@ -5,7 +5,9 @@ Layout `[B, T, H, d]`; masks and fully-masked-row behaviour as in `attn/masks.py
 - `additive_attention` / `additive_attention_with_lse`: fused Bahdanau attention.
 - `pallas_attention_padded` / `pallas_additive_attention_padded`: the Pallas kernels on padded
   shapes, with NaN-poisoned outputs on request (tests and benchmarks).
-Every kernel runs through the shared skeleton in `kernels/_skeleton.py`.
+Every kernel runs through the shared skeleton in `kernels/_skeleton.py`. On CUDA the Pallas
+kernels lower to Triton; `attention(..., gpu_lowering="mosaic")` runs the dot-product kernel's
+Mosaic GPU forward for Hopper instead (`kernels/flash_attention_mgpu.py`; Triton backward).
 """
 
 from kernels._common import BlockSizes

@@ -32,6 +32,9 @@ from kernels import _common
 from kernels._common import MAX_HEAD_DIM, MIN_BLOCK, BlockSizes
 
 IMPLEMENTATIONS = ("auto", "pallas", "blocked", "xla")
+# Which forward a CUDA lowering of implementation="pallas" uses: the Triton kernels, or a kernel
+# spec's Mosaic GPU forward (Hopper: TMA + WGMMA) where it has one. Backward: Triton either way.
+GPU_LOWERINGS = ("triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Config:
   interpret: bool
   poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
   score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
+  gpu_lowering: str = "triton"  # one of GPU_LOWERINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,8 @@ class KernelSpec:
   score(theta, q_blk [tq, dq], k_blk [tk, dq], **score_kw) -> [tq, tk] float32: the blocked and
   naive paths' score (differentiated by autodiff per tile).
   check_inputs(q, k, v, theta): raises ValueError with the public argument names.
+  mosaic_forward: forward's signature; the forward under gpu_lowering="mosaic" (it chooses its own
+  fallback where Mosaic GPU does not apply), or None where the kernel has no Mosaic GPU forward.
   """
   name: str
   forward: Callable
@@ -67,6 +73,7 @@ class KernelSpec:
   min_qk_width: int = MIN_BLOCK  # q/k features are padded to a power of two >= this
   max_qk_dim: int | None = MAX_HEAD_DIM  # None: the kernel slices q/k features by block_d
   tpu_blocks: BlockSizes | None = None  # compiled tiles when running on a TPU (None: gpu_blocks)
+  mosaic_forward: Callable | None = None
 
   def default_blocks(self, implementation: str, interpret: bool) -> BlockSizes:
     if implementation == "blocked":
@@ -118,6 +125,16 @@ def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockS
   return dataclasses.replace(default, **changes)
 
 
+def check_gpu_lowering(spec: KernelSpec, gpu_lowering: str) -> str:
+  """gpu_lowering checked against GPU_LOWERINGS and what the kernel offers."""
+  if gpu_lowering not in GPU_LOWERINGS:
+    raise ValueError(
+        f"unknown gpu_lowering {gpu_lowering!r}; known: {', '.join(GPU_LOWERINGS)}")
+  if gpu_lowering == "mosaic" and spec.mosaic_forward is None:
+    raise ValueError(f"the {spec.name} kernel has no Mosaic GPU forward; use gpu_lowering='triton'")
+  return gpu_lowering
+
+
 def check_lengths(name: str, lengths, B: int, T: int):
   """[B] int32 lengths clipped to [0, T]; T for every sequence when `lengths` is None."""
   if lengths is None:
@@ -144,7 +161,8 @@ def check(spec: KernelSpec, q, k, v, theta, key_lengths, query_lengths):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _pallas_core(spec: KernelSpec, cfg: Config, operands, kl, ql):
-  return tuple(spec.forward(*operands, kl, ql, cfg))
+  forward = spec.mosaic_forward if cfg.gpu_lowering == "mosaic" else spec.forward
+  return tuple(forward(*operands, kl, ql, cfg))
 
 
 def _pallas_core_fwd(spec, cfg, operands, kl, ql):
@@ -166,7 +184,7 @@ _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
                   blocks: BlockSizes | None = None, interpret: bool | None = None,
-                  poison: bool = False, **score_kw):
+                  poison: bool = False, gpu_lowering: str = "triton", **score_kw):
   """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
 
   Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
@@ -175,6 +193,8 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   to the additive score); padded rows are masked by the lengths. kl, ql: [B] int32 in range.
   blocks: default the spec's Pallas tiles. Returns the padded (out [B, Tq_p, H, dv_p],
   lse [B, H, Tq_p]); with poison=True every output starts as NaN (unwritten elements show).
+  gpu_lowering: GPU_LOWERINGS; "mosaic" runs the spec's Mosaic GPU forward (in the Mosaic GPU
+  interpreter in interpret mode).
   """
   Tq, Tk, d, dv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   if dv > MAX_HEAD_DIM or (spec.max_qk_dim is not None and d > spec.max_qk_dim):
@@ -196,7 +216,8 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
               None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
-               score_kw=tuple(sorted(score_kw.items())))
+               score_kw=tuple(sorted(score_kw.items())),
+               gpu_lowering=check_gpu_lowering(spec, gpu_lowering))
   out, lse = _pallas_core(spec, cfg, operands, kl, ql)
   return _to_heads(out), lse
 
@@ -210,9 +231,10 @@ def _to_heads(x):  # [B, T, H, d] -> [B, H, T, d]: the layout of the blocked and
   return jnp.swapaxes(x, 1, 2)
 
 
-def _impl_pallas(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
+def _impl_pallas(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw,
+                 gpu_lowering="triton"):
   out, lse = pallas_padded(spec, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
-                           interpret=interpret, **score_kw)
+                           interpret=interpret, gpu_lowering=gpu_lowering, **score_kw)
   Tq, dv = q.shape[1], v.shape[-1]
   return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
 
@@ -238,13 +260,17 @@ _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _im
 
 def dispatch(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
              block_q: int | None, block_k: int | None, block_sizes: BlockSizes | None,
-             interpret: bool | None, block_d: int | None = None, **score_kw):
+             interpret: bool | None, block_d: int | None = None, gpu_lowering: str = "triton",
+             **score_kw):
   """Runs the chosen implementation on checked inputs (kl, ql from `check`); the tiles are the
-  spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes."""
+  spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes.
+  gpu_lowering (GPU_LOWERINGS) is checked always and used by the Pallas path only."""
   impl = resolve_implementation(implementation)
+  gpu_lowering = check_gpu_lowering(spec, gpu_lowering)
+  extra = {"gpu_lowering": gpu_lowering} if impl == "pallas" else {}
   interpret = resolve_interpret(interpret)
   blocks = resolve_blocks(block_q, block_k, block_sizes, spec.default_blocks(impl, interpret))
   if block_d is not None:
     blocks = dataclasses.replace(blocks, block_d=block_d)
   return _IMPLEMENTATIONS[impl](spec, q, k, v, theta, kl, ql, causal=bool(causal), blocks=blocks,
-                                interpret=interpret, score_kw=score_kw)
+                                interpret=interpret, score_kw=score_kw, **extra)

@@ -23,8 +23,9 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
 - The cost: JAX deprecated the Pallas Triton lowering in 0.11 (still present in 0.11.2, our GPU
   pin), and Triton-from-Pallas leaves Hopper's wgmma/TMA speed on the table. The road to the
   Hopper target is a Mosaic GPU forward behind the same `implementation="pallas"` name, validated
-  on a GPU against this kernel; `experiments/bench_kernel.py` already times JAX's own Mosaic GPU
-  attention next to ours to size that gap.
+  on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
+  WGMMA), chosen with gpu_lowering="mosaic" (default "triton" until it has run on a Hopper GPU);
+  its residuals feed the same Triton backward.
 TPU lowering: the same body through Mosaic TPU. The kernels see head-major [B, H, T, d] operands
 (transposed by XLA around the pallas_call), so every block's last two dims are (rows, d), with
 rows a multiple of 8 and d the whole (padded) head dim; row statistics are [B, H, T, 1] columns
@@ -203,10 +204,17 @@ def _check_inputs(q, k, v, theta):
     raise ValueError(f"empty head dim or sequence: q {q.shape}, k {k.shape}, v {v.shape}")
 
 
+def _mosaic_forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
+  """gpu_lowering="mosaic": the Mosaic GPU forward, with this module's Triton one as fallback."""
+  from kernels import flash_attention_mgpu  # imports Mosaic GPU (~0.4 s): only when chosen
+  return flash_attention_mgpu.forward(q, k, v, theta, kl, ql, cfg, fallback=_forward)
+
+
 SPEC = _skeleton.KernelSpec(
     name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
     check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
-    blocked_blocks=BLOCKED_BLOCKS)
+    blocked_blocks=BLOCKED_BLOCKS,
+    mosaic_forward=_mosaic_forward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,11 +226,13 @@ def _scale(q, scale):
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "implementation", "block_q",
-                                             "block_k", "block_sizes", "interpret"))
+                                             "block_k", "block_sizes", "interpret",
+                                             "gpu_lowering"))
 def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
                        scale: float | None = None, implementation: str = "auto",
                        block_q: int | None = None, block_k: int | None = None,
-                       block_sizes: BlockSizes | None = None, interpret: bool | None = None):
+                       block_sizes: BlockSizes | None = None, interpret: bool | None = None,
+                       gpu_lowering: str = "triton"):
   """Scaled dot-product attention and its log-sum-exp, without forming [Tq, Tk].
 
   q: [B, Tq, H, d], k: [B, Tk, H, d], v: [B, Tk, H, dv]; float32, bfloat16 or float16, one dtype.
@@ -232,19 +242,24 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
     O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked elsewhere).
   block_q, block_k: tile sizes (powers of two >= 16), or block_sizes=BlockSizes(...) for the
     backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode.
+  gpu_lowering: the forward of implementation="pallas" on CUDA: "triton" (default), or "mosaic",
+    the Mosaic GPU forward for Hopper (kernels/flash_attention_mgpu.py: bfloat16/float16, d <= 256;
+    float32 keeps the Triton forward; interpret mode runs the Mosaic GPU interpreter). The backward
+    is Triton either way. Other implementations and targets ignore it.
   Returns (out [B, Tq, H, dv] in the input dtype, lse [B, Tq, H] float32). A query row with no
   visible key gets out = 0 and lse = -inf, and zero gradients. Differentiable (custom_vjp).
   """
   kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
   return _skeleton.dispatch(SPEC, q, k, v, None, kl, ql, causal=causal,
                             implementation=implementation, block_q=block_q, block_k=block_k,
-                            block_sizes=block_sizes, interpret=interpret, scale=_scale(q, scale))
+                            block_sizes=block_sizes, interpret=interpret,
+                            gpu_lowering=gpu_lowering, scale=_scale(q, scale))
 
 
 def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
               scale: float | None = None, implementation: str = "auto", block_q: int | None = None,
               block_k: int | None = None, block_sizes: BlockSizes | None = None,
-              interpret: bool | None = None):
+              interpret: bool | None = None, gpu_lowering: str = "triton"):
   """Scaled dot-product attention: out [B, Tq, H, dv]. See `attention_with_lse` for arguments.
 
   A query row with no visible key returns zeros (value and gradient), never NaN.
@@ -252,23 +267,26 @@ def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = F
   return attention_with_lse(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths,
                             causal=causal, scale=scale, implementation=implementation,
                             block_q=block_q, block_k=block_k, block_sizes=block_sizes,
-                            interpret=interpret)[0]
+                            interpret=interpret, gpu_lowering=gpu_lowering)[0]
 
 
 def pallas_attention_padded(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
                             scale: float | None = None, block_sizes: BlockSizes | None = None,
-                            interpret: bool | None = None, poison: bool = False):
+                            interpret: bool | None = None, poison: bool = False,
+                            gpu_lowering: str = "triton"):
   """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
 
   Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS, or
   INTERPRET_BLOCKS in interpret mode). poison=True starts every output buffer of the forward and
-  backward kernels as NaN, so an element a kernel fails to write shows as NaN.
+  backward kernels as NaN, so an element a kernel fails to write shows as NaN (the Mosaic GPU
+  forward of gpu_lowering="mosaic" writes whole tiles and takes no poison).
   Returns the padded (out [B, Tq_p, H, dv_p] in the input dtype, lse [B, H, Tq_p] float32):
   Tq_p a multiple of the query tiles, dv_p a power of two >= 16.
   """
   kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
   return _skeleton.pallas_padded(SPEC, q, k, v, None, kl, ql, causal=causal, blocks=block_sizes,
-                                 interpret=interpret, poison=poison, scale=_scale(q, scale))
+                                 interpret=interpret, poison=poison, gpu_lowering=gpu_lowering,
+                                 scale=_scale(q, scale))
 
 
 # ----------------------------------------------------------------------------------------------

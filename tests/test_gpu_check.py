@@ -21,27 +21,30 @@ RUN = ("import runpy, sys\n"
 
 
 def test_the_dry_run_passes_and_writes_the_table_without_flax_tfds_grain_or_pytest(tmp_path):
-  """~20 s on 2 cores (one interpret-mode kernel per fused kernel, forward and gradients, and the
-  table's compiles): the only run of the GPU flow this machine can make."""
+  """~20 s on 2 cores (one interpret-mode kernel per fused kernel and the dot kernel's Mosaic GPU
+  forward in the Mosaic GPU interpreter, forward and gradients, and the table's compiles): the
+  only run of the GPU flow this machine can make."""
   proc = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], cwd=REPO,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   lines = open(tmp_path / "correctness.txt").read().splitlines()
   assert [l.split(":")[0] for l in lines] == [
-      "PASS dot padded_d16 T=13x21 float32", "PASS additive causal_d16 T=11x11 float32"]
-  assert "0 of 2 correctness cases failed" in proc.stdout
+      "PASS dot padded_d16 T=13x21 float32", "PASS dot_mosaic padded_d16 T=13x21 bfloat16",
+      "PASS additive causal_d16 T=11x11 float32"]
+  assert "0 of 3 correctness cases failed" in proc.stdout
   md = open(tmp_path / "gpu_check.md").read()
   assert md.startswith("Command: `python -m experiments.gpu_check --dry_run --out=")
   header = "| impl | mode | causal | T | d | time ms | TFLOP/s | % peak | temp MiB |"
   assert header in md
   rows = [l.split(" | ") for l in md.splitlines() if l.startswith("| ") and "---" not in l][1:]
-  # On CPU the three GPU peers are one "unavailable" row each; XLA runs at each T and mode.
+  # On CPU the four GPU peers are one "unavailable" row each; XLA runs at each T and mode.
   assert [(r[0], r[1], r[3]) for r in rows] == [
-      ("| pallas", "-", "-"), ("| cudnn", "-", "-"), ("| jax_triton", "-", "-"),
+      ("| pallas", "-", "-"), ("| pallas_mosaic", "-", "-"), ("| cudnn", "-", "-"),
+      ("| jax_triton", "-", "-"),
       ("| xla", "fwd", "64"), ("| xla", "fwd_bwd", "64"),
       ("| xla", "fwd", "128"), ("| xla", "fwd_bwd", "128")]
-  assert all("unavailable" in r[-1] for r in rows[:3])
-  assert all(r[-2] == "ok" and r[-1] == "ran |" for r in rows[3:]), rows
+  assert all("unavailable" in r[-1] for r in rows[:4])
+  assert all(r[-2] == "ok" and r[-1] == "ran |" for r in rows[4:]), rows
 
 
 def test_without_a_gpu_and_without_dry_run_it_stops_in_one_line(tmp_path):

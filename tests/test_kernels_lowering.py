@@ -17,7 +17,8 @@ import pytest
 import kernels
 from kernels import additive, flash_attention
 
-# The Triton lowering for CUDA; the Mosaic TPU lowering is pinned in tests/test_kernels_tpu.py.
+# The Triton lowering for CUDA; the Mosaic TPU lowering is pinned in tests/test_kernels_tpu.py,
+# the dot kernel's Mosaic GPU forward (gpu_lowering="mosaic") in tests/test_kernels_mgpu.py.
 PLATFORMS = ("cuda",)
 TRITON_CALL = "__gpu$xla.gpu.triton"
 CALL_RE = re.compile(r"stablehlo\.custom_call @(\S+?)\(")

@@ -26,12 +26,26 @@ class Unavailable(Exception):
 # Implementations: build(causal, blocks) -> fn(*inputs) -> out [B, T, H, dv].
 
 
-def _ours(fn, implementation):
+def _ours(fn, implementation, **options):
   def build(causal, blocks):
     if implementation == "pallas" and jax.default_backend() == "cpu":
       raise Unavailable("Pallas has only interpret mode on CPU (not a timing)")
     kw = {} if blocks is None else {"block_sizes": blocks}
-    return lambda *a: fn(*a, causal=causal, implementation=implementation, **kw)
+    return lambda *a: fn(*a, causal=causal, implementation=implementation, **kw, **options)
+  return build
+
+
+def _ours_mosaic(fn):
+  """Our kernel with its Mosaic GPU forward (gpu_lowering="mosaic"): Hopper only (WGMMA)."""
+  ours = _ours(fn, "pallas", gpu_lowering="mosaic")
+
+  def build(causal, blocks):
+    if jax.default_backend() != "gpu":
+      raise Unavailable("GPU only (Hopper)")
+    capability = getattr(jax.devices()[0], "compute_capability", None)
+    if capability != "9.0":
+      raise Unavailable(f"WGMMA needs Hopper (sm_90), this GPU is sm_{capability}")
+    return ours(causal, blocks)
   return build
 
 
@@ -111,6 +125,7 @@ KERNELS: Registry[KernelSpec] = Registry("kernel", error=ConfigError)
 KERNELS.add("dot", KernelSpec(
     impls={
         "pallas": _ours(_flash.attention, "pallas"),
+        "pallas_mosaic": _ours_mosaic(_flash.attention),  # Mosaic GPU forward, Triton backward
         "blocked": _ours(_flash.attention, "blocked"),
         "naive": _ours(_flash.attention, "xla"),
         "xla": _jax_nn("xla"),  # jax.nn.dot_product_attention(implementation="xla")
