@@ -205,10 +205,17 @@ class CaptionBundle:
     return make_batch(self.config, self.tgt_vocab, layout, render(self.config, layout, rng), rows)
 
   def train_iter(self, start_step: int = 0, select_rows=None):
+    """Training batches from `start_step` on; a thread draws the next batch while the caller
+    trains on this one (numpy releases the GIL in the warps, JAX in the step)."""
+    import concurrent.futures  # pylint: disable=import-outside-toplevel
     step = int(start_step)
-    while True:
-      yield self.train_batch(step, select_rows)
-      step += 1
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      ahead = pool.submit(self.train_batch, step, select_rows)
+      while True:
+        batch = ahead.result()
+        step += 1
+        ahead = pool.submit(self.train_batch, step, select_rows)
+        yield batch
 
   def train_tokens(self, step: int) -> int:
     """Target tokens (EOS included) of the global batch of `step`."""

@@ -28,7 +28,7 @@ from attn.models.encoder import EncoderOutput, dropout
 from attn.models.seq2seq import Seq2Seq
 
 # The region CNN's channels; each convolution (3x3, ReLU) is followed by 2x2 average pooling.
-CONV_CHANNELS = (16, 32)
+CONV_CHANNELS = (8, 16)
 
 
 def region_size(cfg: ModelConfig) -> int:

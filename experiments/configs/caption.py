@@ -8,8 +8,8 @@ r"""Config for experiments/caption.py: show, attend and tell in miniature (digit
         --workdir=workdirs/caption/none
 
 Presets (the text after the colon): default (a strip of 6 cells, 1-4 digits, distractors in
-half of the other cells; ~2,000 steps, a few minutes on 2 CPU cores), tiny (for tests: 4 cells,
-small model, a few steps). Every field can be overridden on the command line; the data fields
+half of the other cells; ~2,000 steps, a few minutes on 2 CPU cores), tiny (for tests: 3 cells of 12px, 1-2 digits, one font, no distractors,
+small model and images, a few steps). Every field can be overridden on the command line; the data fields
 and their defaults live in attn.data.captions.CaptionDataConfig, the model's in
 attn.models.ModelConfig (model.rnn.*: decoder, score, normalizer, sizes), the training's in
 attn.training.TrainConfig; a preset only overrides them.
@@ -34,11 +34,12 @@ _PRESETS = {
                    checkpoint_every=500, log_every=100, eval_decode_sentences=500,
                    attention_samples=32)),
     "tiny": dict(
-        data=dict(cells=4, min_digits=1, max_digits=3, batch_size=32, eval_examples=64,
-                  test_examples=64),
+        data=dict(cells=3, cell_px=12, min_digits=1, max_digits=2, distractor_rate=0.0,
+                  fonts=("DejaVuSans.ttf",), max_rotate_deg=0.0, batch_size=32,
+                  eval_examples=64, test_examples=64),
         model=dict(dropout=0.0, rnn=dict(_RNN, emb_dim=16, enc_hidden=32, dec_hidden=32,
                                          d_attn=32)),
-        train=dict(steps=6, learning_rate=3e-3, warmup_steps=1, eval_every=6,
+        train=dict(steps=6, learning_rate=5e-3, warmup_steps=1, eval_every=6,
                    checkpoint_every=3, log_every=3, eval_decode_sentences=64,
                    attention_samples=4)),
 }
