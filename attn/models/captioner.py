@@ -53,16 +53,23 @@ class RegionEncoder(nnx.Module):
     self.proj = nnx.Linear((P // 4) ** 2 * c2, He, rngs=rngs)
     self.positions = nnx.Param(0.1 * jax.random.normal(rngs.params(), (cfg.max_src_len, He)))
 
-  def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None) -> EncoderOutput:
-    """src: [B, R, P*P] pixels; src_lengths: [B] regions that exist (the rest are padding);
-    embed_offset: optional [B, R, He] added to the region features before the nonlinearity
-    (what attribution methods differentiate with respect to)."""
+  def embed(self, src):
+    """The regions' input features W cnn(x_r) + p_r, before the nonlinearity: [B, R, He]. (What
+    a token encoder's embeddings are to gradient x input and integrated gradients,
+    attn.inspection.measures.)"""
     B, R, _ = src.shape
     P = region_size(self.cfg)
     x = src.reshape(B * R, P, P, 1).astype(jnp.float32)
     x = nnx.avg_pool(jax.nn.relu(self.conv1(x)), (2, 2), strides=(2, 2))  # [B*R, P/2, P/2, C1]
     x = nnx.avg_pool(jax.nn.relu(self.conv2(x)), (2, 2), strides=(2, 2))  # [B*R, P/4, P/4, C2]
-    h = self.proj(x.reshape(B, R, -1)) + self.positions[...][:R]  # [B, R, He]
+    return self.proj(x.reshape(B, R, -1)) + self.positions[...][:R]  # [B, R, He]
+
+  def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None) -> EncoderOutput:
+    """src: [B, R, P*P] pixels; src_lengths: [B] regions that exist (the rest are padding);
+    embed_offset: optional [B, R, He] added to `embed(src)` (what attribution methods
+    differentiate with respect to)."""
+    R = src.shape[1]
+    h = self.embed(src)  # [B, R, He]
     if embed_offset is not None:
       h = h + embed_offset
     h = dropout(jnp.tanh(h), self.cfg.dropout, dropout_key)
