@@ -11,14 +11,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from attn import training
 from attn.data import captions, glyphs
 from attn.data.tokens import EOS, PAD
 from attn.errors import AttnError
 from attn.models import count_params
+from attn.models.captioner import build_captioner
 from attn.training.captioning import digit_accuracy
 from experiments.configs import caption as caption_config
+from experiments.configs import use_arch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,7 +105,8 @@ def test_padded_regions_get_no_attention_and_change_nothing():
   batch = {k: jnp.asarray(v) for k, v in bundle.train_batch(0).items() if k != "example_id"}
   lengths = jnp.asarray(np.r_[[2, 3], np.full(batch["src"].shape[0] - 2, 4)], jnp.int32)
   short = {**batch, "src_lengths": lengths}
-  logits, att = model.attention(short)
+  forward = nnx.jit(lambda m, b: m.attention(b))
+  logits, att = forward(model, short)
   R = batch["src"].shape[1]
   padded = np.arange(R)[None, None, :] >= np.asarray(lengths)[:, None, None]
   assert float(jnp.max(jnp.where(padded, att.weights, 0.0))) == 0.0
@@ -110,42 +114,46 @@ def test_padded_regions_get_no_attention_and_change_nothing():
   noisy = {**short, "src": jnp.where(jnp.asarray(padded[:, 0, :, None]),
                                      jax.random.uniform(jax.random.PRNGKey(1), batch["src"].shape),
                                      batch["src"])}
-  logits2, _ = model.attention(noisy)
+  logits2, _ = forward(model, noisy)
   np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits), atol=1e-5)
 
 
 def test_no_attention_baseline_is_matched_to_the_attention_models_parameter_count():
-  config = caption_config.get_config("default")
+  config = caption_config.get_config("tiny")
   task = training.get_task("caption")
   bundle = task.load_data(_data(), None)
-  ref = count_params(task.build_model(task.model_config(config.model, bundle), seed=0))
+  count = lambda cfg: count_params(cfg, build=build_captioner)
+  ref = count(task.model_config(config.model, bundle))
   config.model.rnn.decoder = "none"
-  unmatched = count_params(task.build_model(task.model_config(config.model, bundle), seed=0))
+  unmatched = count(task.model_config(config.model, bundle))
   config.model.rnn.match_params_of = "bahdanau"
   mc = task.model_config(config.model, bundle)
-  matched = count_params(task.build_model(mc, seed=0))
+  matched = count_params(task.build_model(mc, seed=0))  # the model the run trains
   assert abs(unmatched - ref) / ref > 0.05  # matching has something to do ...
   assert abs(matched - ref) / ref < 0.01, (matched, ref)  # ... and does it
   assert mc.rnn.dec_hidden > config.model.rnn.dec_hidden
 
 
 def test_tiny_run_learns(tmp_path):
+  """The tiny preset for 200 steps (~10 s of training on 2 idle cores; the CNN needs that long
+  to tell digits apart): the loss drops and the digits beat chance (0.1)."""
   config = caption_config.get_config("tiny")
-  config.train.update(steps=120, eval_every=120, checkpoint_every=120, log_every=20)
-  config.data.update(eval_examples=64, test_examples=128, batch_size=32)
+  config.train.update(steps=200, eval_every=200, checkpoint_every=200, log_every=20,
+                      warmup_steps=10)
   res = training.train_and_evaluate(config, str(tmp_path), task="caption")
   import json  # pylint: disable=import-outside-toplevel
   with open(tmp_path / "metrics.jsonl") as f:
     losses = [r["loss"] for r in map(json.loads, f) if r.get("split") == "train" and "loss" in r]
   assert losses[-1] < 0.7 * losses[0], losses
-  assert res["digit_accuracy"] > 0.3, res  # chance is 0.1 per digit
-  assert set(res["exact_match_by_digits"]) == {"1", "2", "3"}
+  assert res["digit_accuracy"] > 0.25, res  # chance is 0.1 per digit
+  assert res["attention_on_gold"] > 0.5, res  # chance: 1/3 of the weight on the gold cell
+  assert set(res["exact_match_by_digits"]) == {"1", "2"}
   assert 0.0 <= res["aer"] <= 1.0 and 0.0 <= res["attention_on_gold"] <= 1.0
   with np.load(tmp_path / "attention.npz") as npz:
     i = int(npz["example_ids"][0])
-    assert npz[f"image_{i}"].shape == (16, 64) and npz[f"image_{i}"].dtype == np.uint8
-    assert npz[f"regions_{i}"].tolist() == [[0, 16 * r, 16, 16] for r in range(4)]
-    assert npz[f"weights_{i}"].shape[1] == 4
+    assert npz[f"image_{i}"].shape == (12, 36) and npz[f"image_{i}"].dtype == np.uint8
+    assert npz[f"regions_{i}"].tolist() == [[0, 12 * r, 12, 12] for r in range(3)]
+    assert npz[f"weights_{i}"].shape[1] == 3
 
 
 def test_digit_accuracy_compares_position_by_position():
@@ -155,13 +163,14 @@ def test_digit_accuracy_compares_position_by_position():
 @pytest.mark.parametrize("overrides,message", [
     ({"data": {"max_digits": 7}}, "data.max_digits=7 is over cells=6: one digit a cell"),
     ({"data": {"cell_px": 10}}, "data.cell_px=10 must be a multiple of 4, at least 8"),
-    ({"model": {"arch": "transformer"}}, "model.arch='transformer': the captioner's decoder is "
-                                         "recurrent"),
+    ({"arch": "transformer"}, "model.arch='transformer': the captioner's decoder is recurrent"),
     ({"model.rnn": {"score": "cosine"}}, "unknown model.rnn.score 'cosine'; known: "),
     ({"model.rnn": {"pointer": True}}, "model.rnn.pointer=True: a caption has no source words"),
 ])
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
   config = caption_config.get_config("default")
+  if "arch" in overrides:
+    use_arch(config, overrides.pop("arch"))
   for section, values in overrides.items():
     node = config
     for part in section.split("."):
