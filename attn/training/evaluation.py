@@ -192,7 +192,9 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
   the token labels
   `src_tokens_{id}` [Ts] and `tgt_tokens_{id}` [Tt]; per sample `example_ids`, `sources`,
   `predictions`, `references`; and the run's `decoder`, `score`, `normalizer`, `scope` and
-  `temperature`. Rows are output tokens (EOS included), columns source tokens (EOS included)."""
+  `temperature`; and whatever arrays the task adds (`Task.attention_arrays`: a caption run's
+  `image_{id}` and `regions_{id}`). Rows are output tokens (EOS included), columns source
+  tokens (EOS included) or the regions of an image."""
   v = run.mc.variant
   multi = bool(sample) and all(i in hyps.heads for i in sample)
   weights = hyps.heads if multi else hyps.weights
