@@ -25,6 +25,7 @@ the eval and test splits are fixed sets drawn from their own streams.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -75,9 +76,8 @@ class CaptionDataConfig:
     check(self.eval_examples >= 1 and self.test_examples >= 1,
           "eval_examples and test_examples must be >= 1")
     check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
-    import os  # pylint: disable=import-outside-toplevel
     for name in self.fonts:
-      check(os.path.exists(glyphs._font_path(name)),  # pylint: disable=protected-access
+      check(os.path.exists(glyphs.font_path(name)),
             f"fonts: {name!r} is not in matplotlib's mpl-data/fonts/ttf")
 
   tokens_per_batch = 0  # fixed batch sizes (the loop's mesh check reads it)

@@ -25,7 +25,8 @@ G = 32  # the bank's glyph bitmaps are G x G, the glyph's longer side G - 4
 _RENDER_PT = 48  # FreeType size the glyphs are drawn at before resizing to G
 
 
-def _font_path(name: str) -> str:
+def font_path(name: str) -> str:
+  """The file of a font matplotlib ships (mpl-data/fonts/ttf)."""
   from matplotlib import get_data_path  # pylint: disable=import-outside-toplevel
   return os.path.join(get_data_path(), "fonts", "ttf", name)
 
@@ -78,7 +79,7 @@ def glyph_bank(chars: str = DIGITS + DISTRACTORS, fonts: tuple[str, ...] = FONTS
   from matplotlib import ft2font  # pylint: disable=import-outside-toplevel
   bank = np.zeros((len(fonts), len(chars), G, G), np.float32)
   for f, name in enumerate(fonts):
-    font = ft2font.FT2Font(_font_path(name))
+    font = ft2font.FT2Font(font_path(name))
     font.set_size(_RENDER_PT, 72)
     for c, ch in enumerate(chars):
       bank[f, c] = _render_glyph(font, ch)
