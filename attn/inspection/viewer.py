@@ -10,7 +10,10 @@ Reads a run's workdir (what attn.training.evaluation writes):
   example `weights_{id}` [Tt, Ts] or [L, H, Tt, Ts], `scores_{id}` (same shape, the raw scores
   before temperature and normalizer, -inf where not attendable; optional), `src_tokens_{id}` [Ts]
   and `tgt_tokens_{id}` [Tt] (optional: old runs get whitespace tokens or positions); scalars
-  normalizer, temperature, decoder, score, scope (optional: else results.json's).
+  normalizer, temperature, decoder, score, scope (optional: else results.json's); for a run on
+  images (the captioning task), `image_{id}` [H, W] uint8 and `regions_{id}` [Ts, 4] (top, left,
+  height, width in pixels of the region under each attention column): the page draws the image
+  with the current step's weights over its regions.
 predictions.txt is not needed: attention.npz holds the outputs of the examples it samples.
 
 The page (assets in experiments/web/: template, normalizers.js, inspect.js, inspect.css) inlines its
@@ -227,7 +230,8 @@ def load_run(workdir) -> Run:
         "reference": refs[n] if refs is not None else None,
         "src_tokens": _labels(npz, f"src_tokens_{i}", sources[n], Ts, where),
         "tgt_tokens": _labels(npz, f"tgt_tokens_{i}", preds[n], Tt, where),
-        "weights": _as_4d(w), "scores": None if s is None else _as_4d(s)}
+        "weights": _as_4d(w), "scores": None if s is None else _as_4d(s),
+        "image": _image(npz, i, Ts, where)}
   has_scores = with_scores == len(ids)
   note = ""
   if not nonzero:
@@ -253,6 +257,24 @@ def load_run(workdir) -> Run:
              scope=str(_scalar(npz, "scope", rnn.get("scope", ""))),
              examples=examples, multi=bool(multi), has_attention=nonzero,
              has_scores=has_scores and not note, scores_note=note)
+
+
+def _image(npz, i, Ts, where):
+  """{"pixels": [H][W] ints 0-255, "regions": [Ts][4]} of example i, or None when the run stored
+  no image; DataError when its regions do not match the attention's columns or leave the image."""
+  if f"image_{i}" not in npz:
+    return None
+  img = np.asarray(npz[f"image_{i}"])
+  boxes = np.asarray(npz[f"regions_{i}"]) if f"regions_{i}" in npz else None
+  if img.ndim != 2 or boxes is None or boxes.shape != (Ts, 4):
+    raise DataError(f"{where}: image_{i} needs a 2-D image and regions_{i} of shape ({Ts}, 4), "
+                    f"one box per attention column; got {img.shape} and "
+                    f"{None if boxes is None else boxes.shape}")
+  H, W = img.shape
+  top, left, h, w = boxes.T
+  if (top < 0).any() or (left < 0).any() or (top + h > H).any() or (left + w > W).any():
+    raise DataError(f"{where}: regions_{i} has a box outside the {H}x{W} image_{i}")
+  return {"pixels": np.clip(img, 0, 255).astype(int).tolist(), "regions": boxes.astype(int).tolist()}
 
 
 def example_scores(prediction, reference) -> dict:
@@ -303,7 +325,7 @@ def page_data(workdir, compare=None) -> dict:
   for i in sorted(run.examples):
     e = run.examples[i]
     item = {k: e[k] for k in ("id", "source", "reference", "prediction", "src_tokens",
-                              "tgt_tokens")}
+                              "tgt_tokens", "image")}
     item["weights"] = _compact(e["weights"])
     item["scores"] = _compact(e["scores"]) if run.has_scores else None
     item.update(example_scores(e["prediction"], e["reference"]))

@@ -57,6 +57,10 @@ EXPERIMENTS.add("summarize", Experiment(
     scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE)),
     figures=("repeated_trigram_rate", "source_token_share", "oov_in_references", "oov_recovered",
              "oov_copies", "copied_share", "mean_p_gen")))
+EXPERIMENTS.add("caption", Experiment(
+    "experiments.caption", "image captioning: attention over image regions",
+    metrics=("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s"),
+    scores=("digit_accuracy", "exact_match"), figures=("aer", "attention_on_gold")))
 
 
 def experiment(name: str) -> Experiment:

@@ -195,29 +195,32 @@ def build_model(cfg: ModelConfig, seed: int = 0, compute_dtype: str = "float32")
                                            compute_dtype=compute_dtype)
 
 
-def count_params(model_or_cfg) -> int:
-  """Number of trainable parameters, of a model or (without allocating) of a ModelConfig."""
+def count_params(model_or_cfg, build=None) -> int:
+  """Number of trainable parameters, of a model or (without allocating) of a ModelConfig, the
+  model `build(cfg)` makes (default: build_model)."""
   if isinstance(model_or_cfg, ModelConfig):
-    model_or_cfg = nnx.eval_shape(lambda: build_model(model_or_cfg))
+    model_or_cfg = nnx.eval_shape(lambda: (build or build_model)(model_or_cfg))
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(model_or_cfg, nnx.Param))))
 
 
-def match_param_count(cfg: ModelConfig, reference: ModelConfig) -> ModelConfig:
+def match_param_count(cfg: ModelConfig, reference: ModelConfig, build=None) -> ModelConfig:
   """`cfg` with model.rnn.dec_hidden chosen so its parameter count is as close as possible to
   `reference`'s
-  (the fair fixed-vector baseline: same budget, no attention). Count grows with dec_hidden."""
-  target = count_params(reference)
+  (the fair fixed-vector baseline: same budget, no attention). Count grows with dec_hidden.
+  build: what makes the model of a config (default build_model; e.g. the image captioner)."""
+  count = functools.partial(count_params, build=build)
+  target = count(reference)
   sized = lambda d: cfg.replace(rnn=cfg.rnn.replace(dec_hidden=d))
   lo, hi = 1, max(cfg.rnn.dec_hidden, 8)
-  while count_params(sized(hi)) < target:
+  while count(sized(hi)) < target:
     hi *= 2
   while hi - lo > 1:
     mid = (lo + hi) // 2
-    if count_params(sized(mid)) < target:
+    if count(sized(mid)) < target:
       lo = mid
     else:
       hi = mid
-  return sized(min((lo, hi), key=lambda d: abs(count_params(sized(d)) - target)))
+  return sized(min((lo, hi), key=lambda d: abs(count(sized(d)) - target)))
 
 
 def sequence_loss(logits, tgt, tgt_lengths, label_smoothing=0.0):

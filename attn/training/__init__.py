@@ -9,6 +9,7 @@
 - `results`: atomic JSON and the one results table;
 - `task`: the task interface (what to build, score and decode) and the translation task;
 - `summarization`: the summarization task (ROUGE, pointer-generator loss, copy figures);
+- `captioning`: the image captioning task (digit strips, region CNN, exact match by digits);
 - `config`: `TrainConfig` and the optimizer;
 - `distributed`: the device mesh, shardings, jax.distributed and what only process 0 writes.
 """
@@ -22,9 +23,10 @@ from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate,
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table
 from attn.training.summarization import SummarizationTask
+from attn.training.captioning import CaptionTask
 from attn.training.task import Task, TranslationTask, get_task
 
-__all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
+__all__ = ["CaptionTask", "Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
            "TrainConfig", "TranslationTask",
            "distributed", "get_task", "load_run", "make_optimizer", "results_table", "setup",
            "train", "train_and_evaluate", "train_step", "validate_config"]

@@ -168,7 +168,8 @@ def alignment_scores(run, role="test") -> dict:
   pad = lambda x: np.pad(x, ((0, 0), (0, Tt - x.shape[1]), (0, Ts - x.shape[2])))
   w, g = np.concatenate([pad(p) for p in preds]), np.concatenate([pad(x) for x in golds])
   tl, sl = np.concatenate(tl), np.concatenate(sl)
-  return {"aer": metrics_lib.alignment_error_rate(w, g, tl, sl),
+  return {"aer": metrics_lib.alignment_error_rate(
+              w, g, tl, sl, skip_unaligned=run.task.aer_skips_unaligned),
           "attention_on_gold": metrics_lib.attention_on_gold(w, g, tl, sl)}
 
 
@@ -191,7 +192,9 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
   the token labels
   `src_tokens_{id}` [Ts] and `tgt_tokens_{id}` [Tt]; per sample `example_ids`, `sources`,
   `predictions`, `references`; and the run's `decoder`, `score`, `normalizer`, `scope` and
-  `temperature`. Rows are output tokens (EOS included), columns source tokens (EOS included)."""
+  `temperature`; and whatever arrays the task adds (`Task.attention_arrays`: a caption run's
+  `image_{id}` and `regions_{id}`). Rows are output tokens (EOS included), columns source
+  tokens (EOS included) or the regions of an image."""
   v = run.mc.variant
   multi = bool(sample) and all(i in hyps.heads for i in sample)
   weights = hyps.heads if multi else hyps.weights
@@ -208,6 +211,7 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
     arrays[f"tgt_tokens_{i}"] = np.array(hyps.tgt_labels[i], dtype=str)
     if with_scores:
       arrays[f"scores_{i}"] = hyps.scores[i]
+  arrays.update(run.task.attention_arrays(run.bundle, role, sample))
   with atomic_path(os.path.join(run.workdir, "attention.npz"), suffix=".npz") as tmp:
     np.savez_compressed(
         tmp, **arrays, example_ids=np.array(sample, dtype=np.int64),

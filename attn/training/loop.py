@@ -135,22 +135,21 @@ class Run:
 def validate_config(config, task: Task | str = "translate") -> TrainConfig:
   """Checks every section of an experiment config without reading data or building the model:
   raises ConfigError / DataError naming the first bad field. Returns the train section."""
-  from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
   task = get_task(task) if isinstance(task, str) else task
   for section in ("data", "model", "train"):
     if section not in config:
       raise ConfigError(f"the config has no `{section}` section")
   tc = TrainConfig.from_config(config.train)
-  task.check_model_config(config.model, DataConfig.from_config(config.data), tc)
+  task.check_model_config(config.model, task.data_config(config.data), tc)
   return tc
 
 
-def make_mesh(config, tc: TrainConfig):
+def make_mesh(config, tc: TrainConfig, task: Task | str = "translate"):
   """The device mesh of `train.mesh_shape`, checked against the devices and the batch size
   (ConfigError before anything is written)."""
-  from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
+  task = get_task(task) if isinstance(task, str) else task
   mesh = distributed.make_mesh(tc.mesh_shape)
-  dc = DataConfig.from_config(config.data)
+  dc = task.data_config(config.data)
   distributed.check_batch_rows(dc.batch_size, dc.tokens_per_batch, distributed.data_size(mesh),
                                tc.mesh_shape)
   return mesh
@@ -164,7 +163,7 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   """
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)
-  mesh = make_mesh(config, tc)
+  mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
   return _build_run(config, workdir, task, tc, mesh=mesh)
 
@@ -176,10 +175,8 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
 
   With several processes, process 0 prepares the data (cache, vocabularies) before the others
   read it, and alone writes config.json and the model record."""
-  from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
-
   with distributed.primary_first("preparing the data"):
-    bundle = data.load(config.data, workdir)
+    bundle = task.load_data(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   switched = workdir_lib.check_model(workdir, mc)
   if record:
@@ -409,7 +406,7 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   its presence means the run finished)."""
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)  # before the workdir is touched
-  mesh = make_mesh(config, tc)
+  mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
   with workdir_lib.lock(workdir):
     previous_train = resume.recorded_train(workdir)  # the last command's, before it is replaced

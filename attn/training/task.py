@@ -71,6 +71,27 @@ class Task(abc.ABC):
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
     later ones break ties of the earlier (exact match stays 0 for a while on built-in tasks)."""
 
+  # Whether AER leaves out the attention of output tokens without a gold link (a caption's EOS,
+  # which has no region to point at), rather than counting it as an error.
+  aer_skips_unaligned = False
+
+  def data_config(self, cfg):
+    """The validated `data` section (DataConfig by default; a task with other data has its own
+    frozen dataclass, with `batch_size` and `tokens_per_batch`)."""
+    from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
+    return DataConfig.from_config(cfg)
+
+  def load_data(self, cfg, workdir):
+    """The data bundle the loop reads (attn.data.DataBundle's interface) of the `data` section."""
+    from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
+    return data.load(cfg, workdir)
+
+  def attention_arrays(self, bundle, role, example_ids) -> dict:
+    """Arrays attention.npz stores besides the weights, e.g. `image_{id}` and `regions_{id}` for
+    the viewer's picture of an image task; none by default."""
+    del bundle, role, example_ids
+    return {}
+
   def output_text(self, bundle, role, example_id: int, ids) -> str:
     """The text of decoded `ids` (up to EOS) for example `example_id` of the split."""
     del role, example_id

@@ -4,7 +4,8 @@
 //
 // Data (the JSON in #inspect-data): run / compare: run summaries; examples[i]: id, source,
 // reference, prediction, src_tokens [Ts], tgt_tokens [Tt], weights [L][H][Tt][Ts], scores (same
-// shape, null where masked; null when the run stored none), sentence_bleu, exact_match, compare.
+// shape, null where masked; null when the run stored none), image (null, or {pixels [H][W] 0-255,
+// regions [Ts][top, left, height, width]}), sentence_bleu, exact_match, compare.
 // Every shaded token and heatmap cell carries the weight it shows in `data-weight`.
 (function () {
   "use strict";
@@ -191,6 +192,38 @@
     });
   }
 
+  // The image under the attention (runs on images only): each region is tinted by the current
+  // step's weight on it; the canvas carries the weights it shows in `data-weights`.
+  const IMAGE_SCALE = 6;
+  function renderImage(weights) {
+    const ex = example();
+    $("image-section").hidden = !ex.image;
+    if (!ex.image) return;
+    const { pixels, regions } = ex.image;
+    const canvas = $("image");
+    const [H, W] = [pixels.length, pixels[0].length];
+    canvas.width = W * IMAGE_SCALE;
+    canvas.height = H * IMAGE_SCALE;
+    const ctx = canvas.getContext("2d");
+    for (let y = 0; y < H; y++) {
+      for (let x = 0; x < W; x++) {
+        const v = pixels[y][x];
+        ctx.fillStyle = `rgb(${v}, ${v}, ${v})`;
+        ctx.fillRect(x * IMAGE_SCALE, y * IMAGE_SCALE, IMAGE_SCALE, IMAGE_SCALE);
+      }
+    }
+    const row = RUN.has_attention ? (weights[state.step] || []) : [];
+    regions.forEach(([top, left, h, w], j) => {
+      const a = Math.min(Math.max(row[j] || 0, 0), 1);
+      const box = [left * IMAGE_SCALE, top * IMAGE_SCALE, w * IMAGE_SCALE, h * IMAGE_SCALE];
+      ctx.fillStyle = `rgba(255, 140, 0, ${0.7 * a})`;
+      ctx.fillRect(...box);
+      ctx.strokeStyle = "rgba(120, 120, 120, 0.8)";
+      ctx.strokeRect(...box);
+    });
+    canvas.dataset.weights = JSON.stringify(regions.map((_, j) => row[j] || 0));
+  }
+
   function renderTexts() {
     const ex = example();
     const ref = $("reference");
@@ -237,6 +270,7 @@
   function render() {
     const weights = shownWeights();
     renderTokens(weights);
+    renderImage(weights);
     if (RUN.has_attention) renderHeatmap(weights);
     renderTemperature();
   }
