@@ -41,6 +41,7 @@ class Config:
   blocks: BlockSizes  # clamped to the sequence lengths; block_d resolved
   interpret: bool
   poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
+  tpu_launch: bool = False  # interpret mode: run the TPU launch (kernels/_tpu.py), not the GPU one
   score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
 
 
@@ -166,7 +167,7 @@ _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
                   blocks: BlockSizes | None = None, interpret: bool | None = None,
-                  poison: bool = False, **score_kw):
+                  poison: bool = False, tpu_launch: bool = False, **score_kw):
   """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
 
   Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
@@ -196,7 +197,7 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
               None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
-               score_kw=tuple(sorted(score_kw.items())))
+               tpu_launch=tpu_launch, score_kw=tuple(sorted(score_kw.items())))
   out, lse = _pallas_core(spec, cfg, operands, kl, ql)
   return _to_heads(out), lse
 

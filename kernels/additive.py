@@ -180,12 +180,12 @@ def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
   flops = B * H * Tq * Tk * (2 * da + 2 * dv) // (2 if cfg.causal else 1)
   out_shapes, out_specs = _common.forward_outputs(qp, val, bq)
   out, lse = _common.call_kernel(
-      functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, block_d=bd),
-      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)),
-      [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), LEN_SPEC,
-       LEN_SPEC],
-      out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="additive_attention_fwd",
-      head_dim=dv,
+      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)), out_shapes,
+      _common.Launch(
+          functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, block_d=bd),
+          (Tq // bq, B, H), (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv),
+                             LEN_SPEC, LEN_SPEC), out_specs),
+      cfg=cfg, name="additive_attention_fwd", head_dim=dv,
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk * (da + 1),
                                     bytes_accessed=sum(x.size * x.dtype.itemsize
                                                        for x in (qp, kp, val)) * 2))
@@ -199,20 +199,24 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],
             _common.length_rows(kl), _common.length_rows(ql))
   (dq,) = _common.call_kernel(
-      functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, block_d=bd), inputs,
-      [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
-       stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(qp.shape, qp.dtype)], [row_spec(bq, da)],
-      grid=(Tq // bq, B, H), cfg=cfg, name="additive_attention_dq", head_dim=dv)
+      inputs, [jax.ShapeDtypeStruct(qp.shape, qp.dtype)],
+      _common.Launch(
+          functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, block_d=bd),
+          (Tq // bq, B, H),
+          (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
+           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, da),)),
+      cfg=cfg, name="additive_attention_dq", head_dim=dv)
   dk, dval, dw_parts = _common.call_kernel(
-      functools.partial(_dkv_kernel, causal=cfg.causal, block_q=bq, block_d=bd), inputs,
-      [full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
-       stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(kp.shape, kp.dtype), jax.ShapeDtypeStruct(val.shape, val.dtype),
-       jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],
-      [row_spec(bk, da), row_spec(bk, dv),
-       pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0))],
-      grid=(Tk // bk, B, H), cfg=cfg, name="additive_attention_dkv", head_dim=dv)
+      inputs, [jax.ShapeDtypeStruct(kp.shape, kp.dtype), jax.ShapeDtypeStruct(val.shape, val.dtype),
+               jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],
+      _common.Launch(
+          functools.partial(_dkv_kernel, causal=cfg.causal, block_q=bq, block_d=bd),
+          (Tk // bk, B, H),
+          (full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
+           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
+          (row_spec(bk, da), row_spec(bk, dv),
+           pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0)))),
+      cfg=cfg, name="additive_attention_dkv", head_dim=dv)
   dw = jnp.sum(dw_parts, axis=(0, 2, 3))  # [H, d_attn]: v is shared by the batch and key blocks
   return dq, dk, dval, dw.astype(w.dtype)
 

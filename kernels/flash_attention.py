@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton
+from kernels import _common, _skeleton, _tpu
 from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
                              stats_spec)
 
@@ -57,24 +57,42 @@ BLOCKED_BLOCKS = BlockSizes(block_q=512, block_k=512)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel bodies. Refs: q/k/v blocks are 2-D [rows, d] (batch and head squeezed out); lse / delta
-# are [rows, 1] columns; lengths are [1, 128] rows of repeated values, read at [0, 0]. Output refs
-# come last (aliased poison inputs, if any, sit between the inputs and the outputs, never read).
+# Tiles: one [bq, bk] step of each kernel, shared by the GPU bodies (a loop over the other
+# sequence) and the TPU bodies (one step of the grid's reduction axis). q_pos, k_pos: [bq], [bk].
+
+
+def _fwd_tile(carry, q, k, v, q_pos, k_pos, lengths, *, scale, causal):
+  """Folds key tile k [bk, d], v [bk, dv] into the online softmax of q [bq, d]."""
+  s = _common.dot_nt(q, k) * scale  # [bq, bk] f32
+  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
+  return _common.online_softmax_update(carry, s, valid, v)  # Algorithm 1, lines 8-10
+
+
+def _grad_tile(q, k, v, do, lse, delta, q_pos, k_pos, lengths, *, scale, causal):
+  """(P, dS) of one tile (Algorithm 2): q, do [bq, ·], k, v [bk, ·], lse, delta [bq]."""
+  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
+  return _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do, v, delta)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU kernel bodies (grid (row block, b, h)). Refs: q/k/v blocks are 2-D [rows, d] (batch and
+# head squeezed out); lse / delta are [rows, 1] columns; lengths are [1, 128] rows of repeated
+# values, read at [0, 0]. Output refs come last (aliased poison inputs, if any, sit between the
+# inputs and the outputs, never read).
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block_k):
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q = q_ref[...]  # [bq, d], stays on chip for the whole loop
   q_pos = positions(i, block_q)
 
   def body(j, carry):
     keys = pl.ds(j * block_k, block_k)
-    s = _common.dot_nt(q, k_ref[keys, :]) * scale  # [bq, bk] f32
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
-    return _common.online_softmax_update(carry, s, valid, v_ref[keys, :])  # Algorithm 1, 8-10
+    return _fwd_tile(carry, q, k_ref[keys, :], v_ref[keys, :], q_pos, positions(j, block_k),
+                     lengths, scale=scale, causal=causal)
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
   carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, v_ref.shape[-1]))
@@ -88,7 +106,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q, do = q_ref[...], do_ref[...]  # [bq, d], [bq, dv]
   lse, delta = lse_ref[:, 0], delta_ref[:, 0]  # [bq]
   q_pos = positions(i, block_q)
@@ -96,9 +114,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   def body(j, dq):
     keys = pl.ds(j * block_k, block_k)
     k = k_ref[keys, :]
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
-    _, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do,
-                                      v_ref[keys, :], delta)
+    _, ds = _grad_tile(q, k, v_ref[keys, :], do, lse, delta, q_pos, positions(j, block_k),
+                       lengths, scale=scale, causal=causal)
     return dq + _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
@@ -111,7 +128,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk_ref, dv_ref = refs[-2:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   k, v = k_ref[...], v_ref[...]  # [bk, d], [bk, dv]
   k_pos = positions(j, block_k)
 
@@ -119,9 +136,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
     dk, dv = carry
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
-    p, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse_ref[rows, 0], do,
-                                      v, delta_ref[rows, 0])  # [bq, bk]
+    p, ds = _grad_tile(q, k, v, do, lse_ref[rows, 0], delta_ref[rows, 0], positions(i, block_q),
+                       k_pos, lengths, scale=scale, causal=causal)  # [bq, bk]
     dv = dv + _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
@@ -130,6 +146,90 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_tpu.py): one [bq, bk] tile per step, the
+# reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
+# written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`).
+
+
+def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
+  o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  @pl.when(j == 0)
+  def _init():
+    m, l, acc = _common.online_softmax_init(block_q, acc_ref.shape[-1])
+    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
+
+  @pl.when(j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal))
+  def _step():
+    m, l, acc = _fwd_tile((m_ref[:, 0], l_ref[:, 0], acc_ref[...]), q_ref[...], k_ref[...],
+                          v_ref[...], positions(i, block_q), positions(j, block_k), lengths,
+                          scale=scale, causal=causal)
+    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
+
+  @pl.when(j == pl.num_programs(3) - 1)
+  def _finish():
+    out, lse = _common.finish_softmax(m_ref[:, 0], l_ref[:, 0], acc_ref[...])
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse[:, None]
+
+
+def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs, scale,
+                   causal):
+  dq_ref, acc_ref = refs[-2:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  @pl.when(j == 0)
+  def _init():
+    acc_ref[...] = jnp.zeros(acc_ref.shape, _F32)
+
+  @pl.when(j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal))
+  def _step():
+    k = k_ref[...]
+    _, ds = _grad_tile(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[:, 0], delta_ref[:, 0],
+                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       causal=causal)
+    acc_ref[...] += _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
+
+  @pl.when(j == pl.num_programs(3) - 1)
+  def _finish():
+    dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
+
+
+def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
+                     scale, causal):
+  dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  @pl.when(i == 0)
+  def _init():
+    dk_acc[...] = jnp.zeros(dk_acc.shape, _F32)
+    dv_acc[...] = jnp.zeros(dv_acc.shape, _F32)
+
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+
+  @pl.when((lo <= i) & (i < hi))
+  def _step():
+    q, do = q_ref[...], do_ref[...]
+    p, ds = _grad_tile(q, k_ref[...], v_ref[...], do, lse_ref[:, 0], delta_ref[:, 0],
+                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       causal=causal)  # [bq, bk]
+    dv_acc[...] += _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
+    dk_acc[...] += _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
+
+  @pl.when(i == pl.num_programs(3) - 1)
+  def _finish():
+    dk_ref[...] = (dk_acc[...] * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,16 +242,24 @@ def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, d = q.shape
   Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
+  kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
   nbytes = sum(x.size * x.dtype.itemsize for x in (q, k, v)) * 2
   out_shapes, out_specs = _common.forward_outputs(q, v, bq)
+  gpu = _common.Launch(
+      functools.partial(_fwd_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+      (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC), out_specs)
+  keys = _tpu.key_rows(bq, bk, cfg.causal)
+  tpu = _common.Launch(
+      functools.partial(_fwd_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+      (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.LEN_SPEC,
+       _tpu.LEN_SPEC), (_tpu.spec(bq, dv), _tpu.spec(bq, 1)),
+      _tpu.scratch((bq, 1), (bq, 1), (bq, dv)), _tpu.SEMANTICS)
   out, lse = _common.call_kernel(
-      functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, **dict(cfg.score_kw)),
-      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)),
-      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC],
-      out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_fwd",
-      head_dim=d, cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
-                                                bytes_accessed=nbytes))
+      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)), out_shapes, gpu, tpu=tpu,
+      cfg=cfg, name="flash_attention_fwd", head_dim=d,
+      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
+                                    bytes_accessed=nbytes))
   return out, lse[..., 0]
 
 
@@ -159,22 +267,38 @@ def _backward(q, k, v, theta, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, d = q.shape
   Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
-  score_kw = dict(cfg.score_kw)
+  kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   inputs = (q, k, v, do, lse[..., None], delta[..., None], _common.length_rows(kl),
             _common.length_rows(ql))
+  keys = _tpu.key_rows(bq, bk, cfg.causal)
   (dq,) = _common.call_kernel(
-      functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, **score_kw), inputs,
-      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv), stats_spec(bq),
-       stats_spec(bq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(q.shape, q.dtype)], [row_spec(bq, d)],
-      grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_dq", head_dim=d)
+      inputs, [jax.ShapeDtypeStruct(q.shape, q.dtype)],
+      _common.Launch(
+          functools.partial(_dq_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+          (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv),
+           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, d),)),
+      tpu=_common.Launch(
+          functools.partial(_dq_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+          (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.spec(bq, dv),
+           _tpu.spec(bq, 1), _tpu.spec(bq, 1), _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bq, d),), _tpu.scratch((bq, d)), _tpu.SEMANTICS),
+      cfg=cfg, name="flash_attention_dq", head_dim=d)
+  queries = _tpu.query_rows(bq, bk, Tq // bq, cfg.causal)
   dk, dv_ = _common.call_kernel(
-      functools.partial(_dkdv_kernel, causal=cfg.causal, block_q=bq, **score_kw), inputs,
-      [full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv), stats_full_spec(Tq),
-       stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      [row_spec(bk, d), row_spec(bk, dv)],
-      grid=(Tk // bk, B, H), cfg=cfg, name="flash_attention_dkdv", head_dim=d)
+      inputs, [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      _common.Launch(
+          functools.partial(_dkdv_kernel, block_q=bq, **kw), (Tk // bk, B, H),
+          (full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv),
+           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
+          (row_spec(bk, d), row_spec(bk, dv))),
+      tpu=_common.Launch(
+          functools.partial(_dkdv_tpu_kernel, **kw), (B, H, Tk // bk, Tq // bq),
+          (_tpu.spec(bq, d, queries), _tpu.spec(bk, d), _tpu.spec(bk, dv),
+           _tpu.spec(bq, dv, queries), _tpu.spec(bq, 1, queries), _tpu.spec(bq, 1, queries),
+           _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bk, d), _tpu.spec(bk, dv)), _tpu.scratch((bk, d), (bk, dv)),
+          _tpu.SEMANTICS),
+      cfg=cfg, name="flash_attention_dkdv", head_dim=d)
   return dq, dk, dv_, theta
 
 

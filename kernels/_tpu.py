@@ -1,0 +1,68 @@
+"""Mosaic TPU launch pieces: the grid with a reduction axis, its BlockSpecs and compiler params.
+
+A TPU kernel keeps only tiles in VMEM (v5e: 16 MiB scoped by default): a kernel that loops over a
+whole other sequence inside one grid step needs that sequence's [T, d] slab resident (at T = 16k,
+bf16, d = 128 the dk/dv backward asked for 24 MiB). The TPU launches therefore walk the other
+sequence as the innermost grid axis (JAX's `pallas/ops/tpu/flash_attention.py` does the same):
+grid (b, h, r, c) with r the block this step writes and c the block it reads, accumulators in VMEM
+scratch (set at c = 0, written out at the last c), and the semantics below. Pallas copies a block
+only when its index changes between steps, so a BlockSpec whose index map clamps c to the last
+(or first) block that causal masking leaves visible fetches nothing for skipped steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax import numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels._common import LANES
+
+# b, h and the written block are independent (Mosaic may split them over cores); the read block
+# is the reduction into scratch, so its steps run in order.
+SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
+LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda b, h, r, c: (b, 0, 0))  # see _common.LEN_SPEC
+
+
+def compiler_params(plan):
+  """Mosaic TPU params for a `_common.Launch` (None when it leaves the grid's semantics unsaid).
+  `pltpu.CompilerParams(dimension_semantics=...)`: the same class and field in jax 0.10.2 and
+  0.11.2."""
+  if plan.dimension_semantics is None:
+    return None
+  from jax.experimental.pallas import tpu as pltpu
+  return pltpu.CompilerParams(dimension_semantics=plan.dimension_semantics)
+
+
+def scratch(*shapes):
+  """float32 VMEM scratch buffers of the given shapes (accumulators that live across c)."""
+  from jax.experimental.pallas import tpu as pltpu
+  return tuple(pltpu.VMEM(s, jnp.float32) for s in shapes)
+
+
+def written(r, c):  # the block a step writes: its row block is the grid's r
+  del c
+  return r
+
+
+def spec(block, width, rows=written):
+  """A [block, width] slab of a [B, H, T, width] array at grid step (b, h, r, c); rows(r, c) is the
+  row-block index (default r)."""
+  return pl.BlockSpec((None, None, block, width), lambda b, h, r, c: (b, h, rows(r, c), 0))
+
+
+def key_rows(block_q, block_k, causal):
+  """Row block of k / v read at (r = query block, c = key block): c, but under causal masking
+  never past the last key block that query block r sees (later steps compute nothing)."""
+  if not causal:
+    return lambda r, c: c
+  return lambda r, c: jnp.minimum(c, ((r + 1) * np.int32(block_q) - 1) // np.int32(block_k))
+
+
+def query_rows(block_q, block_k, num_q_blocks, causal):
+  """Row block of q / dO / lse / delta read at (r = key block, c = query block): c, but under
+  causal masking never before the first query block that sees key block r."""
+  if not causal:
+    return lambda r, c: c
+  return lambda r, c: jnp.minimum(jnp.maximum(c, (r * np.int32(block_k)) // np.int32(block_q)),
+                                  np.int32(num_q_blocks - 1))
