@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from kernels import _common
 from kernels._common import MAX_HEAD_DIM, MIN_BLOCK, BlockSizes
@@ -39,10 +40,14 @@ class Config:
   """Static arguments of one padded Pallas run (a custom_vjp nondiff argument: hashable)."""
   causal: bool
   blocks: BlockSizes  # clamped to the sequence lengths; block_d resolved
-  interpret: bool
+  interpret: bool | pltpu.InterpretParams  # see `resolve_interpret`
   poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
-  tpu_launch: bool = False  # interpret mode: run the TPU launch (kernels/_tpu.py), not the GPU one
   score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
+
+  @property
+  def tpu_launch(self) -> bool:
+    """Interpret mode runs the kernels' TPU launch (kernels/_tpu.py) on JAX's TPU interpreter."""
+    return isinstance(self.interpret, pltpu.InterpretParams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +100,13 @@ def resolve_implementation(implementation: str) -> str:
   return implementation
 
 
-def resolve_interpret(interpret: bool | None) -> bool:
-  """Pallas runs in interpret mode on CPU (there is no CPU lowering)."""
+def resolve_interpret(interpret) -> bool | pltpu.InterpretParams:
+  """Pallas runs in interpret mode on CPU (there is no CPU lowering). True runs the GPU launch on
+  the generic interpreter; a `pltpu.InterpretParams` runs the TPU launch (grid with a reduction
+  axis, VMEM scratch) on JAX's TPU interpreter, which reads uninitialized scratch as NaN."""
   if interpret is None:
     return jax.default_backend() == "cpu"
-  return bool(interpret)
+  return interpret if isinstance(interpret, pltpu.InterpretParams) else bool(interpret)
 
 
 def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
@@ -166,8 +173,8 @@ _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 
 def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
-                  blocks: BlockSizes | None = None, interpret: bool | None = None,
-                  poison: bool = False, tpu_launch: bool = False, **score_kw):
+                  blocks: BlockSizes | None = None, interpret=None,
+                  poison: bool = False, **score_kw):
   """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
 
   Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
@@ -197,7 +204,7 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
               None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
-               tpu_launch=tpu_launch, score_kw=tuple(sorted(score_kw.items())))
+               score_kw=tuple(sorted(score_kw.items())))
   out, lse = _pallas_core(spec, cfg, operands, kl, ql)
   return _to_heads(out), lse
 
@@ -239,7 +246,7 @@ _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _im
 
 def dispatch(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
              block_q: int | None, block_k: int | None, block_sizes: BlockSizes | None,
-             interpret: bool | None, block_d: int | None = None, **score_kw):
+             interpret, block_d: int | None = None, **score_kw):
   """Runs the chosen implementation on checked inputs (kl, ql from `check`); the tiles are the
   spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes."""
   impl = resolve_implementation(implementation)

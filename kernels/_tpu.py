@@ -13,11 +13,14 @@ only when its index changes between steps, so a BlockSpec whose index map clamps
 from __future__ import annotations
 
 import numpy as np
+from jax import lax
 from jax import numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels._common import LANES
 
+# Index arithmetic is on non-negative int32 program ids: `lax.div` (truncation) rather than `//`,
+# whose sign fix-up Mosaic lowers only when it knows the TPU generation (not when deviceless).
 # b, h and the written block are independent (Mosaic may split them over cores); the read block
 # is the reduction into scratch, so its steps run in order.
 SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
@@ -56,7 +59,7 @@ def key_rows(block_q, block_k, causal):
   never past the last key block that query block r sees (later steps compute nothing)."""
   if not causal:
     return lambda r, c: c
-  return lambda r, c: jnp.minimum(c, ((r + 1) * np.int32(block_q) - 1) // np.int32(block_k))
+  return lambda r, c: jnp.minimum(c, lax.div((r + 1) * np.int32(block_q) - 1, np.int32(block_k)))
 
 
 def query_rows(block_q, block_k, num_q_blocks, causal):
@@ -64,5 +67,5 @@ def query_rows(block_q, block_k, num_q_blocks, causal):
   causal masking never before the first query block that sees key block r."""
   if not causal:
     return lambda r, c: c
-  return lambda r, c: jnp.minimum(jnp.maximum(c, (r * np.int32(block_k)) // np.int32(block_q)),
-                                  np.int32(num_q_blocks - 1))
+  first = lambda r: lax.div(r * np.int32(block_k), np.int32(block_q))
+  return lambda r, c: jnp.minimum(jnp.maximum(c, first(r)), np.int32(num_q_blocks - 1))

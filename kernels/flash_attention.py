@@ -25,12 +25,17 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   Hopper target is a Mosaic GPU forward behind the same `implementation="pallas"` name, validated
   on a GPU against this kernel; `experiments/bench_kernel.py` already times JAX's own Mosaic GPU
   attention next to ours to size that gap.
-TPU lowering: the same body through Mosaic TPU. The kernels see head-major [B, H, T, d] operands
-(transposed by XLA around the pallas_call), so every block's last two dims are (rows, d), with
-rows a multiple of 8 and d the whole (padded) head dim; row statistics are [B, H, T, 1] columns
-and lengths [B, 1, 128] rows (see `kernels/_common.py`). Both kernels, forward and backward, lower
-to Mosaic from a CPU host (tests/test_kernels_tpu.py); none has run on a TPU yet, so "auto" keeps
-TPU on the blocked path.
+TPU lowering: Mosaic TPU, with its own launch (`kernels/_tpu.py`). The kernels see head-major
+[B, H, T, d] operands (transposed by XLA around the pallas_call), so every block's last two dims
+are (rows, d), with rows a multiple of 8 and d the whole (padded) head dim; row statistics are
+[B, H, T, 1] columns and lengths [B, 1, 128] rows (see `kernels/_common.py`). Where the GPU
+bodies loop over the other sequence held whole in on-chip memory (which at T = 16k outgrows
+v5e's 16 MiB of scoped VMEM), the TPU bodies take one tile per step of an innermost "arbitrary"
+grid axis and accumulate in VMEM scratch; causal steps above the diagonal neither compute nor
+fetch. Both launches share the per-tile math (`_fwd_tile`, `_grad_tile`). The TPU launch lowers
+and compiles from a CPU host (tests/test_kernels_tpu.py) and runs on JAX's TPU interpreter
+(`interpret=pltpu.InterpretParams()`); none has run on a TPU yet, so "auto" keeps TPU on the
+blocked path.
 """
 
 from __future__ import annotations
@@ -50,6 +55,12 @@ from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spe
 _F32 = jnp.float32
 # Defaults per implementation. GPU: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
 GPU_BLOCKS = BlockSizes(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
+# TPU: multiples of the 128-wide lanes and MXU, larger than the 128 of JAX's own TPU flash
+# attention (`BlockSizes.get_default`, marked "TODO: better parameters") to amortize the fixed
+# cost of each grid step; the backward's tiles are halved since it keeps four [bq, bk] float32
+# tiles (S, P, dP, dS) live. Every d up to 256 in float32 compiles within v5e's 16 MiB of scoped
+# VMEM at T = 16k (libtpu, deviceless); untimed on a TPU.
+TPU_BLOCKS = BlockSizes(block_q=512, block_k=512, block_q_bwd=256, block_k_bwd=256)
 # Interpret mode: large tiles mean few grid steps, which is what costs time there.
 INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)
 # Blocked CPU path: query chunk x key step (see docs/benchmarks.md for the time/memory trade).
@@ -329,8 +340,8 @@ def _check_inputs(q, k, v, theta):
 
 SPEC = _skeleton.KernelSpec(
     name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
-    blocked_blocks=BLOCKED_BLOCKS)
+    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
+    interpret_blocks=INTERPRET_BLOCKS, blocked_blocks=BLOCKED_BLOCKS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,10 +363,12 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   q: [B, Tq, H, d], k: [B, Tk, H, d], v: [B, Tk, H, dv]; float32, bfloat16 or float16, one dtype.
   key_lengths, query_lengths: [B] int or None (all valid); clipped to [0, T].
   causal: query i sees keys j <= i (top-left aligned). scale: Python float, default 1/sqrt(d).
-  implementation: "pallas" (Triton on GPU; interpret mode on CPU), "blocked" (pure JAX, exact,
-    O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked elsewhere).
+  implementation: "pallas" (Triton on GPU, Mosaic on TPU; interpret mode on CPU), "blocked" (pure
+    JAX, exact, O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked
+    elsewhere).
   block_q, block_k: tile sizes (powers of two >= 16), or block_sizes=BlockSizes(...) for the
-    backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode.
+    backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode
+    (True: the GPU launch; `pltpu.InterpretParams()`: the TPU launch on JAX's TPU interpreter).
   Returns (out [B, Tq, H, dv] in the input dtype, lse [B, Tq, H] float32). A query row with no
   visible key gets out = 0 and lse = -inf, and zero gradients. Differentiable (custom_vjp).
   """
@@ -384,9 +397,10 @@ def pallas_attention_padded(q, k, v, *, key_lengths=None, query_lengths=None, ca
                             interpret: bool | None = None, poison: bool = False):
   """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
 
-  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS, or
-  INTERPRET_BLOCKS in interpret mode). poison=True starts every output buffer of the forward and
-  backward kernels as NaN, so an element a kernel fails to write shows as NaN.
+  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS,
+  TPU_BLOCKS on a TPU, INTERPRET_BLOCKS in interpret mode). poison=True starts every output
+  buffer of the forward and backward kernels as NaN, so an element a kernel fails to write shows
+  as NaN.
   Returns the padded (out [B, Tq_p, H, dv_p] in the input dtype, lse [B, H, Tq_p] float32):
   Tq_p a multiple of the query tiles, dv_p a power of two >= 16.
   """
