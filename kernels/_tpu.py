@@ -17,6 +17,7 @@ from jax import lax
 from jax import numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import _common
 from kernels._common import LANES
 
 # Index arithmetic is on non-negative int32 program ids: `lax.div` (truncation) rather than `//`,
@@ -69,3 +70,44 @@ def query_rows(block_q, block_k, num_q_blocks, causal):
     return lambda r, c: c
   first = lambda r: lax.div(r * np.int32(block_k), np.int32(block_q))
   return lambda r, c: jnp.minimum(jnp.maximum(c, first(r)), np.int32(num_q_blocks - 1))
+
+
+# Kernel-body helpers for the reduction over c (call them from a kernel body).
+
+
+def reduce_steps(scratch_refs, *, visible, accumulate, write):
+  """Zeroes the scratch accumulators at c = 0, runs `accumulate()` on the steps where `visible`
+  (a traced bool; masked steps compute nothing) and `write()` at the last c."""
+  c = pl.program_id(3)
+
+  @pl.when(c == 0)
+  def _init():
+    for ref in scratch_refs:
+      ref[...] = jnp.zeros(ref.shape, ref.dtype)
+
+  pl.when(visible)(accumulate)
+  pl.when(c == pl.num_programs(3) - 1)(write)
+
+
+def online_softmax_steps(o_ref, lse_ref, m_ref, l_ref, acc_ref, *, visible, update):
+  """The forward's reduction: the online-softmax state (m, l [bq, 1], acc [bq, dv]) lives in
+  scratch from c = 0; visible steps fold a key tile in with `update((m, l, acc)) -> (m, l, acc)`
+  ([bq] vectors); the last c writes out = acc / l and lse (see `_common.finish_softmax`)."""
+  c = pl.program_id(3)
+
+  def store(m, l, acc):
+    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
+
+  @pl.when(c == 0)
+  def _init():
+    store(*_common.online_softmax_init(*acc_ref.shape))
+
+  @pl.when(visible)
+  def _step():
+    store(*update((m_ref[:, 0], l_ref[:, 0], acc_ref[...])))
+
+  @pl.when(c == pl.num_programs(3) - 1)
+  def _finish():
+    out, lse = _common.finish_softmax(m_ref[:, 0], l_ref[:, 0], acc_ref[...])
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse[:, None]

@@ -166,28 +166,14 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
 
 
 def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
-  o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
   block_q, block_k = q_ref.shape[0], k_ref.shape[0]
   i, j = pl.program_id(2), pl.program_id(3)
   lengths = kl_ref[0, 0], ql_ref[0, 0]
-
-  @pl.when(j == 0)
-  def _init():
-    m, l, acc = _common.online_softmax_init(block_q, acc_ref.shape[-1])
-    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
-
-  @pl.when(j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal))
-  def _step():
-    m, l, acc = _fwd_tile((m_ref[:, 0], l_ref[:, 0], acc_ref[...]), q_ref[...], k_ref[...],
-                          v_ref[...], positions(i, block_q), positions(j, block_k), lengths,
-                          scale=scale, causal=causal)
-    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
-
-  @pl.when(j == pl.num_programs(3) - 1)
-  def _finish():
-    out, lse = _common.finish_softmax(m_ref[:, 0], l_ref[:, 0], acc_ref[...])
-    o_ref[...] = out.astype(o_ref.dtype)
-    lse_ref[...] = lse[:, None]
+  _tpu.online_softmax_steps(
+      *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      update=lambda carry: _fwd_tile(carry, q_ref[...], k_ref[...], v_ref[...],
+                                     positions(i, block_q), positions(j, block_k), lengths,
+                                     scale=scale, causal=causal))
 
 
 def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs, scale,
@@ -197,21 +183,19 @@ def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_r
   i, j = pl.program_id(2), pl.program_id(3)
   lengths = kl_ref[0, 0], ql_ref[0, 0]
 
-  @pl.when(j == 0)
-  def _init():
-    acc_ref[...] = jnp.zeros(acc_ref.shape, _F32)
-
-  @pl.when(j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal))
-  def _step():
+  def accumulate():
     k = k_ref[...]
     _, ds = _grad_tile(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[:, 0], delta_ref[:, 0],
                        positions(i, block_q), positions(j, block_k), lengths, scale=scale,
                        causal=causal)
     acc_ref[...] += _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
-  @pl.when(j == pl.num_programs(3) - 1)
-  def _finish():
+  def write():
     dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
+
+  _tpu.reduce_steps(
+      [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      accumulate=accumulate, write=write)
 
 
 def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
@@ -221,15 +205,7 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
   j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
   lengths = kl_ref[0, 0], ql_ref[0, 0]
 
-  @pl.when(i == 0)
-  def _init():
-    dk_acc[...] = jnp.zeros(dk_acc.shape, _F32)
-    dv_acc[...] = jnp.zeros(dv_acc.shape, _F32)
-
-  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-
-  @pl.when((lo <= i) & (i < hi))
-  def _step():
+  def accumulate():
     q, do = q_ref[...], do_ref[...]
     p, ds = _grad_tile(q, k_ref[...], v_ref[...], do, lse_ref[:, 0], delta_ref[:, 0],
                        positions(i, block_q), positions(j, block_k), lengths, scale=scale,
@@ -237,10 +213,13 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
     dv_acc[...] += _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk_acc[...] += _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
 
-  @pl.when(i == pl.num_programs(3) - 1)
-  def _finish():
+  def write():
     dk_ref[...] = (dk_acc[...] * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+  _tpu.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi), accumulate=accumulate,
+                    write=write)
 
 
 # ----------------------------------------------------------------------------------------------
