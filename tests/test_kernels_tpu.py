@@ -2,7 +2,7 @@
 
 Exporting runs the whole Pallas TPU lowering (block-shape and memory-space checks, the kernel body
 to Mosaic MLIR) without a TPU; the module must hold one `tpu_custom_call` per Pallas kernel, named
-after it, so a silent fallback to XLA or a missing backward kernel fails. The dot kernel's TPU
+after it, so a silent fallback to XLA or a missing backward kernel fails. The kernels' TPU
 launch (kernels/_tpu.py) is checked from its jaxpr: grid semantics, the VMEM its blocks and
 scratch take at T = 16k, and which blocks a causal step fetches. Mosaic's own layout passes and
 the VMEM budget belong to the TPU compiler in libtpu: the last test runs it, deviceless, where
@@ -38,14 +38,17 @@ def _dot(d, dt, Tq=TQ, Tk=TK):
   return f, (_arr(Tq, d, dt), _arr(Tk, d, dt), _arr(Tk, d, dt)), "flash_attention", ("dq", "dkdv")
 
 
-def _additive(d, dt):
+def _additive(d, dt, Tq=TQ, Tk=TK):
   def f(q, k, w, v, kl, ql):
     # The tiles "pallas" defaults to on a TPU (here the host is a CPU): see test_tpu_tiles below.
     return aa.additive_attention(q, k, w, v, key_lengths=kl, query_lengths=ql, causal=True,
                                  implementation="pallas", interpret=False,
                                  block_sizes=aa.TPU_BLOCKS)
-  args = (_arr(TQ, d, dt), _arr(TK, d, dt), jax.ShapeDtypeStruct((H, d), dt), _arr(TK, 64, dt))
+  args = (_arr(Tq, d, dt), _arr(Tk, d, dt), jax.ShapeDtypeStruct((H, d), dt), _arr(Tk, 64, dt))
   return f, args, "additive_attention", ("dq", "dkv")
+
+
+_BUILDS = {"dot": _dot, "additive": _additive}
 
 
 def _arr(T, width, dtype):
@@ -78,7 +81,7 @@ CASES = [(k, d, dt, bwd) for k, ds in (("dot", (64, 128)), ("additive", (64, 128
 @pytest.mark.parametrize("kernel,d,dtype,backward", CASES, ids=[
     f"{k}-d{d}-{jnp.dtype(dt).name}-{'fwd_bwd' if b else 'fwd'}" for k, d, dt, b in CASES])
 def test_kernel_lowers_to_mosaic_tpu(kernel, d, dtype, backward):
-  build = {"dot": _dot, "additive": _additive}[kernel]
+  build = _BUILDS[kernel]
   names, expected, n_calls = _export(build, d, dtype, backward)
   assert names == expected
   assert n_calls == len(expected)
@@ -94,7 +97,7 @@ def test_tpu_tiles_are_the_default_on_a_tpu(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-# The dot kernel's TPU launch, read from the jaxpr: the pallas_calls of the platform switch's TPU
+# The TPU launch, read from the jaxpr: the pallas_calls of the platform switch's TPU
 # branch (its default branch where there is no TPU one).
 
 
@@ -136,13 +139,14 @@ def _pipeline_vmem(eqn):
 V5E_SCOPED_VMEM = 16 * 2**20  # the TPU compiler's default scoped-VMEM limit on v5e
 
 
-def test_dot_kernel_tpu_vmem_stays_per_tile_at_16k():
+@pytest.mark.parametrize("kernel", ["dot", "additive"])
+def test_tpu_vmem_stays_per_tile_at_16k(kernel):
   """T = 16k, bf16, d = 128, forward and backward: no TPU kernel holds a whole sequence; each
   kernel's pipelined blocks and scratch take at most a quarter of v5e's scoped VMEM, leaving the
-  rest to its [bq, bk] temporaries. (Holding all of Tq, the dk/dv kernel asked libtpu for
-  24 MiB; the opt-in libtpu test below compiles this case.)"""
+  rest to its tile temporaries. (Holding all of Tq, either dk/dv kernel asked libtpu for 24 MiB;
+  the opt-in libtpu test below compiles these cases.)"""
   T = 16384
-  f, args, name, bwd_names = _dot(128, jnp.bfloat16, Tq=T, Tk=T)
+  f, args, name, bwd_names = _BUILDS[kernel](128, jnp.bfloat16, Tq=T, Tk=T)
   calls = _tpu_kernels(_with_grad(f, len(args)), *args, *_LENGTHS)
   assert sorted(calls) == sorted([f"{name}_fwd"] + [f"{name}_{n}" for n in bwd_names])
   for kernel, eqn in calls.items():
@@ -151,10 +155,11 @@ def test_dot_kernel_tpu_vmem_stays_per_tile_at_16k():
     assert _pipeline_vmem(eqn) <= V5E_SCOPED_VMEM // 4, (kernel, _pipeline_vmem(eqn))
 
 
-def test_dot_kernel_tpu_grid_semantics():
+@pytest.mark.parametrize("kernel", ["dot", "additive"])
+def test_tpu_grid_semantics(kernel):
   """Grid (b, h, written block, read block): the last axis reduces into scratch ("arbitrary"),
   the others are "parallel" (megacore may split them)."""
-  f, args, _, _ = _dot(64, jnp.float32)
+  f, args, _, _ = _BUILDS[kernel](64, jnp.float32)
   calls = _tpu_kernels(_with_grad(f, len(args)), *args, *_LENGTHS)
   assert len(calls) == 3
   for kernel, eqn in calls.items():
@@ -198,9 +203,9 @@ _TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "loca
             "TPU_SKIP_MDS_QUERY": "1"}
 
 
-# Beyond CASES: the dot kernel at T = 16k, bf16, d = 128, forward + backward (holding a whole
-# sequence in VMEM, its dk/dv kernel ran out of v5e's 16 MiB scoped VMEM).
-LONG_CASES = [("dot", 128, jnp.bfloat16, True, 16384)]
+# Beyond CASES: T = 16k, bf16, d = 128, forward + backward (holding a whole sequence in VMEM,
+# both kernels' dk/dv backward ran out of v5e's 16 MiB scoped VMEM).
+LONG_CASES = [("dot", 128, jnp.bfloat16, True, 16384), ("additive", 128, jnp.bfloat16, True, 16384)]
 
 
 def _aot_compile_all():
@@ -212,7 +217,7 @@ def _aot_compile_all():
   sharding = SingleDeviceSharding(topo.devices[0])
   for kernel, d, dtype, backward, *T in CASES + LONG_CASES:
     lengths = dict(Tq=T[0], Tk=T[0]) if T else {}
-    f, args, _, _ = {"dot": _dot, "additive": _additive}[kernel](d, dtype, **lengths)
+    f, args, _, _ = _BUILDS[kernel](d, dtype, **lengths)
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args + _LENGTHS]
     if backward:
       f = _with_grad(f, len(args) - 2)
