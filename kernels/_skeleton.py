@@ -94,8 +94,8 @@ def resolve_implementation(implementation: str) -> str:
     raise ValueError(
         f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
-    # TPU stays on the blocked path: both kernels lower to Mosaic TPU (tests/test_kernels_tpu.py)
-    # but have not run on a TPU, where Mosaic's layout passes first compile them.
+    # TPU stays on the blocked path: both kernels lower to Mosaic TPU and compile deviceless for
+    # v5e (tests/test_kernels_tpu.py), but have neither run nor been timed on a TPU.
     return "pallas" if jax.default_backend() == "gpu" else "blocked"
   return implementation
 

@@ -20,8 +20,6 @@ from jax.experimental import pallas as pl
 from kernels import _common
 from kernels._common import LANES
 
-# Index arithmetic is on non-negative int32 program ids: `lax.div` (truncation) rather than `//`,
-# whose sign fix-up Mosaic lowers only when it knows the TPU generation (not when deviceless).
 # b, h and the written block are independent (Mosaic may split them over cores); the read block
 # is the reduction into scratch, so its steps run in order.
 SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
@@ -53,6 +51,10 @@ def spec(block, width, rows=written):
   """A [block, width] slab of a [B, H, T, width] array at grid step (b, h, r, c); rows(r, c) is the
   row-block index (default r)."""
   return pl.BlockSpec((None, None, block, width), lambda b, h, r, c: (b, h, rows(r, c), 0))
+
+
+# Index maps below compute on non-negative int32 program ids with `lax.div` (truncation), not
+# `//`, whose sign fix-up Mosaic lowers only when it knows the TPU generation (not deviceless).
 
 
 def key_rows(block_q, block_k, causal):
