@@ -221,32 +221,48 @@ def compiler_params(blocks: BlockSizes, head_dim: int):
   return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
 
 
-def call_kernel(kernel, inputs, in_specs, out_shapes, out_specs, *, grid, cfg, name, head_dim,
-                cost_estimate=None):
-  """pallas_call; with cfg.poison, outputs start as NaN buffers aliased to extra inputs.
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """How one kernel is launched: body, grid, BlockSpecs, on-chip scratch, and for Mosaic TPU
+  "parallel" / "arbitrary" per grid axis (None: unsaid)."""
+  kernel: Callable
+  grid: tuple
+  in_specs: tuple
+  out_specs: tuple
+  scratch_shapes: tuple = ()
+  dimension_semantics: tuple[str, ...] | None = None
 
-  The compiler params follow the platform the call is lowered for, not the host's backend: a
-  `jax.export` for "cuda" from a CPU host, or a jit on a GPU, gets the Triton params; other targets
-  (and interpret mode, which ignores them) get none, since e.g. the TPU lowering refuses Triton's.
+
+def call_kernel(inputs, out_shapes, gpu: Launch, *, cfg, name, head_dim, tpu: Launch | None = None,
+                cost_estimate=None):
+  """pallas_call of the launch for the target; with cfg.poison, outputs start as NaN buffers
+  aliased to extra inputs. The launch and compiler params follow the platform the call is lowered
+  for, not the host's backend: "cuda"/"rocm" (a jit on a GPU, or a `jax.export` from any host)
+  get the `gpu` launch with Triton params, "tpu" the `tpu` launch (default `gpu`) with Mosaic
+  params, others `gpu` without. Interpret mode runs `tpu` if cfg.tpu_launch, else `gpu`.
   """
+  from kernels import _tpu  # Mosaic TPU pieces: imported when a kernel is launched
+  tpu = tpu or gpu
   extra, aliases = [], {}
   if cfg.poison:
     extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shapes]
     aliases = {len(inputs) + n: n for n in range(len(out_shapes))}
 
-  def launch(params, *args):
+  def launch(plan, params, *args):
     return tuple(pl.pallas_call(
-        kernel, out_shape=out_shapes, grid=grid,
-        in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []), out_specs=out_specs,
+        plan.kernel, out_shape=out_shapes, grid=plan.grid,
+        in_specs=list(plan.in_specs) + (list(plan.out_specs) if cfg.poison else []),
+        out_specs=list(plan.out_specs), scratch_shapes=plan.scratch_shapes,
         input_output_aliases=aliases, interpret=cfg.interpret, name=name,
         compiler_params=params, cost_estimate=cost_estimate,
     )(*args))
 
   if cfg.interpret:
-    return launch(None, *inputs, *extra)
-  gpu = functools.partial(launch, compiler_params(cfg.blocks, head_dim))
-  return lax.platform_dependent(*inputs, *extra, cuda=gpu, rocm=gpu,
-                                default=functools.partial(launch, None))
+    return launch(tpu if cfg.tpu_launch else gpu, None, *inputs, *extra)
+  on_gpu = functools.partial(launch, gpu, compiler_params(cfg.blocks, head_dim))
+  return lax.platform_dependent(*inputs, *extra, cuda=on_gpu, rocm=on_gpu,
+                                tpu=functools.partial(launch, tpu, _tpu.compiler_params(tpu)),
+                                default=functools.partial(launch, gpu, None))
 
 
 def row_spec(block, width):  # a [block, width] slab of [B, H, T, width], grid (row block, b, h)
@@ -257,9 +273,8 @@ def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
   return pl.BlockSpec((None, None, T, width), lambda r, b, h: (b, h, 0, 0))
 
 
-# Row statistics (lse, delta) enter and leave the kernels as [B, H, T, 1] columns: a (block, 1)
-# block is Mosaic-TPU-legal for any block that is a multiple of 8 (a (block,) slice of [B, H, T]
-# needs a multiple of 128), and it matches the [rows, 1] orientation of a row reduction.
+# Row statistics (lse, delta) travel as [B, H, T, 1] columns: a (block, 1) block is Mosaic-legal
+# for blocks that are multiples of 8 (a (block,) slice of [B, H, T] needs 128), rows-oriented.
 
 
 def stats_spec(block):  # a [block, 1] slice of the [B, H, T, 1] lse / delta columns of (b, h)
@@ -271,8 +286,7 @@ def stats_full_spec(T):  # all [T, 1] lse / delta entries of (b, h)
 
 
 # Lengths travel as [B, 1, LANES] int32 rows (`length_rows`), read as `ref[0, 0]`: a (1, LANES)
-# block is legal for Mosaic TPU (last two block dims equal to the array's), where a (1,) block of
-# [B] is not, and Triton and interpret mode read it the same way.
+# block is Mosaic-TPU-legal (a (1,) block of [B] is not); Triton and interpret read it the same.
 LANES = 128
 LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda r, b, h: (b, 0, 0))
 

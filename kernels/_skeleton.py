@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from kernels import _common
 from kernels._common import MAX_HEAD_DIM, MIN_BLOCK, BlockSizes
@@ -42,10 +43,15 @@ class Config:
   """Static arguments of one padded Pallas run (a custom_vjp nondiff argument: hashable)."""
   causal: bool
   blocks: BlockSizes  # clamped to the sequence lengths; block_d resolved
-  interpret: bool
+  interpret: bool | pltpu.InterpretParams  # see `resolve_interpret`
   poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
   score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
   gpu_lowering: str = "triton"  # one of GPU_LOWERINGS
+
+  @property
+  def tpu_launch(self) -> bool:
+    """Interpret mode runs the kernels' TPU launch (kernels/_tpu.py) on JAX's TPU interpreter."""
+    return isinstance(self.interpret, pltpu.InterpretParams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,17 +101,19 @@ def resolve_implementation(implementation: str) -> str:
     raise ValueError(
         f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
-    # TPU stays on the blocked path: both kernels lower to Mosaic TPU (tests/test_kernels_tpu.py)
-    # but have not run on a TPU, where Mosaic's layout passes first compile them.
+    # TPU stays on the blocked path: both kernels lower to Mosaic TPU and compile deviceless for
+    # v5e (tests/test_kernels_tpu.py), but have neither run nor been timed on a TPU.
     return "pallas" if jax.default_backend() == "gpu" else "blocked"
   return implementation
 
 
-def resolve_interpret(interpret: bool | None) -> bool:
-  """Pallas runs in interpret mode on CPU (there is no CPU lowering)."""
+def resolve_interpret(interpret) -> bool | pltpu.InterpretParams:
+  """Pallas runs in interpret mode on CPU (there is no CPU lowering). True runs the GPU launch on
+  the generic interpreter; a `pltpu.InterpretParams` runs the TPU launch (grid with a reduction
+  axis, VMEM scratch) on JAX's TPU interpreter, which reads uninitialized scratch as NaN."""
   if interpret is None:
     return jax.default_backend() == "cpu"
-  return bool(interpret)
+  return interpret if isinstance(interpret, pltpu.InterpretParams) else bool(interpret)
 
 
 def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
@@ -183,7 +191,7 @@ _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 
 def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
-                  blocks: BlockSizes | None = None, interpret: bool | None = None,
+                  blocks: BlockSizes | None = None, interpret=None,
                   poison: bool = False, gpu_lowering: str = "triton", **score_kw):
   """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
 
@@ -260,7 +268,7 @@ _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _im
 
 def dispatch(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
              block_q: int | None, block_k: int | None, block_sizes: BlockSizes | None,
-             interpret: bool | None, block_d: int | None = None, gpu_lowering: str = "triton",
+             interpret, block_d: int | None = None, gpu_lowering: str = "triton",
              **score_kw):
   """Runs the chosen implementation on checked inputs (kl, ql from `check`); the tiles are the
   spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes.

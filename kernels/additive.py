@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton
+from kernels import _common, _skeleton, _tpu
 from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
                              stats_spec)
 
@@ -74,7 +74,35 @@ def _score_tile(q_chunks, k_chunks, w_chunks):
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel bodies (refs as in flash_attention: 2-D per (batch, head); w_ref is v's [d_attn] row).
+# Tiles shared by the GPU bodies (a loop over the other sequence) and the TPU bodies (one step of
+# the grid's reduction axis): *args = (q_chunks, k_chunks, w_chunks, val, do, lse, delta, valid).
+
+
+def _grad_tile(q_chunks, k_chunks, w_chunks, val, do, lse, delta, valid):
+  """One tile's backward: (P, dS, tanh tiles), P and dS [bq, bk] (Algorithm 2), a tanh tile
+  [bq, bk, block_d] per d_attn slice."""
+  s = _score_tile(q_chunks, k_chunks, w_chunks)
+  p, ds = _common.softmax_grad_tile(s, valid, lse, do, val, delta)
+  return p, ds, [_tanh_tile(qc, kc) for qc, kc in zip(q_chunks, k_chunks)]
+
+
+def _dq_tile(*args):
+  """Σ_j dS (1 - tanh²) per d_attn slice, [bq, block_d] each (times v, when written)."""
+  _, ds, tanhs = _grad_tile(*args)
+  return [jnp.sum(ds[:, :, None] * (1.0 - h * h), axis=1) for h in tanhs]
+
+
+def _dkv_tile(*args):
+  """(Σ_i dS (1 - tanh²) [bk, block_d] and Σ_ij dS tanh [block_d] per d_attn slice, Pᵀ dO)."""
+  p, ds, tanhs = _grad_tile(*args)
+  do = args[4]
+  return ([jnp.sum(ds[:, :, None] * (1.0 - h * h), axis=0) for h in tanhs],
+          [jnp.sum(jnp.sum(ds[:, :, None] * h, axis=0), axis=0) for h in tanhs],
+          _common.dot_tn(p.astype(do.dtype), do))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU kernel bodies (refs as in flash_attention: 2-D per (batch, head); w_ref is v's [d_attn] row).
 
 
 def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, block_k, block_d):
@@ -111,14 +139,9 @@ def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref,
   def body(j, dq_chunks):
     rows = pl.ds(j * block_k, block_k)
     valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
-    k_chunks = [k_ref[rows, sl] for sl in slices]
-    s = _score_tile(q_chunks, k_chunks, w_chunks)
-    _, ds = _common.softmax_grad_tile(s, valid, lse, do, val_ref[rows, :], delta)  # [bq, bk]
-    new = []
-    for qc, kc, acc in zip(q_chunks, k_chunks, dq_chunks):
-      h = _tanh_tile(qc, kc)
-      new.append(acc + jnp.sum(ds[:, :, None] * (1.0 - h * h), axis=1))  # Σ_j dS (1 - tanh²)
-    return tuple(new)
+    parts = _dq_tile(q_chunks, [k_ref[rows, sl] for sl in slices], w_chunks, val_ref[rows, :],
+                     do, lse, delta, valid)
+    return tuple(acc + part for acc, part in zip(dq_chunks, parts))
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
   init = tuple(jnp.zeros((block_q, block_d), _F32) for _ in slices)
@@ -140,18 +163,12 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
   def body(i, carry):
     dk_chunks, dw_chunks, dval = carry
     rows = pl.ds(i * block_q, block_q)
-    q_chunks = [q_ref[rows, sl].astype(_F32) for sl in slices]
-    s = _score_tile(q_chunks, k_chunks, w_chunks)
     valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
-    do = do_ref[rows, :]
-    p, ds = _common.softmax_grad_tile(s, valid, lse_ref[rows, 0], do, val, delta_ref[rows, 0])
-    dval = dval + _common.dot_tn(p.astype(do.dtype), do)
-    new_dk, new_dw = [], []
-    for qc, kc, dk_c, dw_c in zip(q_chunks, k_chunks, dk_chunks, dw_chunks):
-      h = _tanh_tile(qc, kc)
-      new_dk.append(dk_c + jnp.sum(ds[:, :, None] * (1.0 - h * h), axis=0))  # Σ_i dS (1 - tanh²)
-      new_dw.append(dw_c + jnp.sum(jnp.sum(ds[:, :, None] * h, axis=0), axis=0))  # Σ_ij dS tanh
-    return tuple(new_dk), tuple(new_dw), dval
+    dk_parts, dw_parts, dval_part = _dkv_tile(
+        [q_ref[rows, sl].astype(_F32) for sl in slices], k_chunks, w_chunks, val,
+        do_ref[rows, :], lse_ref[rows, 0], delta_ref[rows, 0], valid)
+    return (tuple(a + b for a, b in zip(dk_chunks, dk_parts)),
+            tuple(a + b for a, b in zip(dw_chunks, dw_parts)), dval + dval_part)
 
   init = (tuple(jnp.zeros((block_k, block_d), _F32) for _ in slices),
           tuple(jnp.zeros((block_d,), _F32) for _ in slices), jnp.zeros(val.shape, _F32))
@@ -164,6 +181,82 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
 
 
 # ----------------------------------------------------------------------------------------------
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_tpu.py and flash_attention's): one tile per
+# step, accumulating in VMEM scratch (refs after the outputs); masked steps compute nothing.
+
+
+def _fwd_tpu_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, block_d):
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  def update(carry):
+    slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
+    s = _score_tile(q_chunks, [k_ref[:, sl] for sl in slices], w_chunks)  # [bq, bk]
+    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
+    return _common.online_softmax_update(carry, s, valid, val_ref[...])
+
+  _tpu.online_softmax_steps(
+      *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      update=update)
+
+
+def _dq_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref,
+                   *refs, causal, block_d):
+  dq_ref, acc_ref = refs[-2:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+  slices = _chunks(q_ref.shape[1] // block_d, block_d)
+
+  def accumulate():
+    _, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
+    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
+    parts = _dq_tile(q_chunks, [k_ref[:, sl] for sl in slices], w_chunks, val_ref[...],
+                     do_ref[...], lse_ref[:, 0], delta_ref[:, 0], valid)
+    for sl, part in zip(slices, parts):
+      acc_ref[:, sl] += part
+
+  def write():
+    for sl in slices:
+      dq_ref[:, sl] = (acc_ref[:, sl] * w_ref[0, sl].astype(_F32)[None, :]).astype(dq_ref.dtype)
+
+  _tpu.reduce_steps(
+      [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      accumulate=accumulate, write=write)
+
+
+def _dkv_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref,
+                    *refs, causal, block_d):
+  dk_ref, dval_ref, dw_ref, dk_acc, dval_acc, dw_acc = refs[-6:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+  slices = _chunks(k_ref.shape[1] // block_d, block_d)
+
+  def accumulate():
+    _, k_chunks, w_chunks = _tile_chunks(k_ref, w_ref, block_d)
+    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
+    dk_parts, dw_parts, dval_part = _dkv_tile(
+        [q_ref[:, sl].astype(_F32) for sl in slices], k_chunks, w_chunks, val_ref[...],
+        do_ref[...], lse_ref[:, 0], delta_ref[:, 0], valid)
+    for sl, dk_part, dw_part in zip(slices, dk_parts, dw_parts):
+      dk_acc[:, sl] += dk_part
+      dw_acc[0, sl] += dw_part
+    dval_acc[...] += dval_part
+
+  def write():
+    for sl in slices:
+      dk_ref[:, sl] = (dk_acc[:, sl] * w_ref[0, sl].astype(_F32)[None, :]).astype(dk_ref.dtype)
+    dw_ref[...] = dw_acc[...]
+    dval_ref[...] = dval_acc[...].astype(dval_ref.dtype)
+
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+  _tpu.reduce_steps([dk_acc, dval_acc, dw_acc], visible=(lo <= i) & (i < hi),
+                    accumulate=accumulate, write=write)
+
+
+# ----------------------------------------------------------------------------------------------
 # pallas_call wrappers: grids and BlockSpecs. Operands arrive padded by `_skeleton.pallas_padded`
 # (T to block multiples, d_attn and dv to powers of two, block_d resolved) in the skeleton's
 # order: q = q_proj, k = k_proj, v = values, theta = v_vec [H, d_attn].
@@ -173,19 +266,29 @@ def _w_spec(d_attn):  # v's [1, d_attn] row for head h, from [H, 1, d_attn] (a T
   return pl.BlockSpec((None, 1, d_attn), lambda r, b, h: (h, 0, 0))
 
 
+_W_TPU = lambda d_attn: pl.BlockSpec((None, 1, d_attn), lambda b, h, r, c: (h, 0, 0))
+
+
 def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, da = qp.shape
   Tk, dv = kp.shape[2], val.shape[-1]
   bq, bk, bd = cfg.blocks.block_q, cfg.blocks.block_k, cfg.blocks.block_d
+  kw = dict(causal=cfg.causal, block_d=bd)
   flops = B * H * Tq * Tk * (2 * da + 2 * dv) // (2 if cfg.causal else 1)
   out_shapes, out_specs = _common.forward_outputs(qp, val, bq)
+  keys = _tpu.key_rows(bq, bk, cfg.causal)
   out, lse = _common.call_kernel(
-      functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, block_d=bd),
-      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)),
-      [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), LEN_SPEC,
-       LEN_SPEC],
-      out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="additive_attention_fwd",
-      head_dim=dv,
+      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)), out_shapes,
+      _common.Launch(
+          functools.partial(_fwd_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+          (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), LEN_SPEC,
+           LEN_SPEC), out_specs),
+      tpu=_common.Launch(
+          functools.partial(_fwd_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+          (_tpu.spec(bq, da), _tpu.spec(bk, da, keys), _W_TPU(da), _tpu.spec(bk, dv, keys),
+           _tpu.LEN_SPEC, _tpu.LEN_SPEC), (_tpu.spec(bq, dv), _tpu.spec(bq, 1)),
+          _tpu.scratch((bq, 1), (bq, 1), (bq, dv)), _tpu.SEMANTICS),
+      cfg=cfg, name="additive_attention_fwd", head_dim=dv,
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk * (da + 1),
                                     bytes_accessed=sum(x.size * x.dtype.itemsize
                                                        for x in (qp, kp, val)) * 2))
@@ -196,23 +299,40 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, da = qp.shape
   Tk, dv = kp.shape[2], val.shape[-1]
   bq, bk, bd = cfg.blocks.bwd_q, cfg.blocks.bwd_k, cfg.blocks.block_d
+  kw = dict(causal=cfg.causal, block_d=bd)
   inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],
             _common.length_rows(kl), _common.length_rows(ql))
+  keys, queries = _tpu.key_rows(bq, bk, cfg.causal), _tpu.query_rows(bq, bk, Tq // bq, cfg.causal)
   (dq,) = _common.call_kernel(
-      functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, block_d=bd), inputs,
-      [row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
-       stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(qp.shape, qp.dtype)], [row_spec(bq, da)],
-      grid=(Tq // bq, B, H), cfg=cfg, name="additive_attention_dq", head_dim=dv)
+      inputs, [jax.ShapeDtypeStruct(qp.shape, qp.dtype)],
+      _common.Launch(
+          functools.partial(_dq_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+          (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
+           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, da),)),
+      tpu=_common.Launch(
+          functools.partial(_dq_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+          (_tpu.spec(bq, da), _tpu.spec(bk, da, keys), _W_TPU(da), _tpu.spec(bk, dv, keys),
+           _tpu.spec(bq, dv), _tpu.spec(bq, 1), _tpu.spec(bq, 1), _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bq, da),), _tpu.scratch((bq, da)), _tpu.SEMANTICS),
+      cfg=cfg, name="additive_attention_dq", head_dim=dv)
   dk, dval, dw_parts = _common.call_kernel(
-      functools.partial(_dkv_kernel, causal=cfg.causal, block_q=bq, block_d=bd), inputs,
-      [full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
-       stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(kp.shape, kp.dtype), jax.ShapeDtypeStruct(val.shape, val.dtype),
-       jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],
-      [row_spec(bk, da), row_spec(bk, dv),
-       pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0))],
-      grid=(Tk // bk, B, H), cfg=cfg, name="additive_attention_dkv", head_dim=dv)
+      inputs, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (kp, val)]
+      + [jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],  # dv: one row per key block
+      _common.Launch(
+          functools.partial(_dkv_kernel, block_q=bq, **kw), (Tk // bk, B, H),
+          (full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
+           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
+          (row_spec(bk, da), row_spec(bk, dv),
+           pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0)))),
+      tpu=_common.Launch(
+          functools.partial(_dkv_tpu_kernel, **kw), (B, H, Tk // bk, Tq // bq),
+          (_tpu.spec(bq, da, queries), _tpu.spec(bk, da), _W_TPU(da), _tpu.spec(bk, dv),
+           _tpu.spec(bq, dv, queries), _tpu.spec(bq, 1, queries), _tpu.spec(bq, 1, queries),
+           _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bk, da), _tpu.spec(bk, dv),
+           pl.BlockSpec((None, None, None, 1, da), lambda b, h, r, c: (b, h, r, 0, 0))),
+          _tpu.scratch((bk, da), (bk, dv), (1, da)), _tpu.SEMANTICS),
+      cfg=cfg, name="additive_attention_dkv", head_dim=dv)
   dw = jnp.sum(dw_parts, axis=(0, 2, 3))  # [H, d_attn]: v is shared by the batch and key blocks
   return dq, dk, dval, dw.astype(w.dtype)
 

@@ -26,12 +26,17 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
   WGMMA), chosen with gpu_lowering="mosaic" (default "triton" until it has run on a Hopper GPU);
   its residuals feed the same Triton backward.
-TPU lowering: the same body through Mosaic TPU. The kernels see head-major [B, H, T, d] operands
-(transposed by XLA around the pallas_call), so every block's last two dims are (rows, d), with
-rows a multiple of 8 and d the whole (padded) head dim; row statistics are [B, H, T, 1] columns
-and lengths [B, 1, 128] rows (see `kernels/_common.py`). Both kernels, forward and backward, lower
-to Mosaic from a CPU host (tests/test_kernels_tpu.py); none has run on a TPU yet, so "auto" keeps
-TPU on the blocked path.
+TPU lowering: Mosaic TPU, with its own launch (`kernels/_tpu.py`). The kernels see head-major
+[B, H, T, d] operands (transposed by XLA around the pallas_call), so every block's last two dims
+are (rows, d), with rows a multiple of 8 and d the whole (padded) head dim; row statistics are
+[B, H, T, 1] columns and lengths [B, 1, 128] rows (see `kernels/_common.py`). Where the GPU
+bodies loop over the other sequence held whole in on-chip memory (which at T = 16k outgrows
+v5e's 16 MiB of scoped VMEM), the TPU bodies take one tile per step of an innermost "arbitrary"
+grid axis and accumulate in VMEM scratch; causal steps above the diagonal neither compute nor
+fetch. Both launches share the per-tile math (`_fwd_tile`, `_grad_tile`). The TPU launch lowers
+and compiles from a CPU host (tests/test_kernels_tpu.py) and runs on JAX's TPU interpreter
+(`interpret=pltpu.InterpretParams()`); none has run on a TPU yet, so "auto" keeps TPU on the
+blocked path.
 """
 
 from __future__ import annotations
@@ -44,13 +49,19 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton
+from kernels import _common, _skeleton, _tpu
 from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
                              stats_spec)
 
 _F32 = jnp.float32
 # Defaults per implementation. GPU: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
 GPU_BLOCKS = BlockSizes(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
+# TPU: multiples of the 128-wide lanes and MXU, larger than the 128 of JAX's own TPU flash
+# attention (`BlockSizes.get_default`, marked "TODO: better parameters") to amortize the fixed
+# cost of each grid step; the backward's tiles are halved since it keeps four [bq, bk] float32
+# tiles (S, P, dP, dS) live. Every d up to 256 in float32 compiles within v5e's 16 MiB of scoped
+# VMEM at T = 16k (libtpu, deviceless); untimed on a TPU.
+TPU_BLOCKS = BlockSizes(block_q=512, block_k=512, block_q_bwd=256, block_k_bwd=256)
 # Interpret mode: large tiles mean few grid steps, which is what costs time there.
 INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)
 # Blocked CPU path: query chunk x key step (see docs/benchmarks.md for the time/memory trade).
@@ -58,24 +69,42 @@ BLOCKED_BLOCKS = BlockSizes(block_q=512, block_k=512)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel bodies. Refs: q/k/v blocks are 2-D [rows, d] (batch and head squeezed out); lse / delta
-# are [rows, 1] columns; lengths are [1, 128] rows of repeated values, read at [0, 0]. Output refs
-# come last (aliased poison inputs, if any, sit between the inputs and the outputs, never read).
+# Tiles: one [bq, bk] step of each kernel, shared by the GPU bodies (a loop over the other
+# sequence) and the TPU bodies (one step of the grid's reduction axis). q_pos, k_pos: [bq], [bk].
+
+
+def _fwd_tile(carry, q, k, v, q_pos, k_pos, lengths, *, scale, causal):
+  """Folds key tile k [bk, d], v [bk, dv] into the online softmax of q [bq, d]."""
+  s = _common.dot_nt(q, k) * scale  # [bq, bk] f32
+  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
+  return _common.online_softmax_update(carry, s, valid, v)  # Algorithm 1, lines 8-10
+
+
+def _grad_tile(q, k, v, do, lse, delta, q_pos, k_pos, lengths, *, scale, causal):
+  """(P, dS) of one tile (Algorithm 2): q, do [bq, ·], k, v [bk, ·], lse, delta [bq]."""
+  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
+  return _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do, v, delta)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU kernel bodies (grid (row block, b, h)). Refs: q/k/v blocks are 2-D [rows, d] (batch and
+# head squeezed out); lse / delta are [rows, 1] columns; lengths are [1, 128] rows of repeated
+# values, read at [0, 0]. Output refs come last (aliased poison inputs, if any, sit between the
+# inputs and the outputs, never read).
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block_k):
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q = q_ref[...]  # [bq, d], stays on chip for the whole loop
   q_pos = positions(i, block_q)
 
   def body(j, carry):
     keys = pl.ds(j * block_k, block_k)
-    s = _common.dot_nt(q, k_ref[keys, :]) * scale  # [bq, bk] f32
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
-    return _common.online_softmax_update(carry, s, valid, v_ref[keys, :])  # Algorithm 1, 8-10
+    return _fwd_tile(carry, q, k_ref[keys, :], v_ref[keys, :], q_pos, positions(j, block_k),
+                     lengths, scale=scale, causal=causal)
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
   carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, v_ref.shape[-1]))
@@ -89,7 +118,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   q, do = q_ref[...], do_ref[...]  # [bq, d], [bq, dv]
   lse, delta = lse_ref[:, 0], delta_ref[:, 0]  # [bq]
   q_pos = positions(i, block_q)
@@ -97,9 +126,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   def body(j, dq):
     keys = pl.ds(j * block_k, block_k)
     k = k_ref[keys, :]
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
-    _, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do,
-                                      v_ref[keys, :], delta)
+    _, ds = _grad_tile(q, k, v_ref[keys, :], do, lse, delta, q_pos, positions(j, block_k),
+                       lengths, scale=scale, causal=causal)
     return dq + _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
   n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
@@ -112,7 +140,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk_ref, dv_ref = refs[-2:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
   k, v = k_ref[...], v_ref[...]  # [bk, d], [bk, dv]
   k_pos = positions(j, block_k)
 
@@ -120,9 +148,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
     dk, dv = carry
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
-    p, ds = _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse_ref[rows, 0], do,
-                                      v, delta_ref[rows, 0])  # [bq, bk]
+    p, ds = _grad_tile(q, k, v, do, lse_ref[rows, 0], delta_ref[rows, 0], positions(i, block_q),
+                       k_pos, lengths, scale=scale, causal=causal)  # [bq, bk]
     dv = dv + _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
@@ -131,6 +158,69 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_tpu.py): one [bq, bk] tile per step, the
+# reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
+# written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`).
+
+
+def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+  _tpu.online_softmax_steps(
+      *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      update=lambda carry: _fwd_tile(carry, q_ref[...], k_ref[...], v_ref[...],
+                                     positions(i, block_q), positions(j, block_k), lengths,
+                                     scale=scale, causal=causal))
+
+
+def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs, scale,
+                   causal):
+  dq_ref, acc_ref = refs[-2:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  i, j = pl.program_id(2), pl.program_id(3)
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  def accumulate():
+    k = k_ref[...]
+    _, ds = _grad_tile(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[:, 0], delta_ref[:, 0],
+                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       causal=causal)
+    acc_ref[...] += _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
+
+  def write():
+    dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
+
+  _tpu.reduce_steps(
+      [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
+      accumulate=accumulate, write=write)
+
+
+def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
+                     scale, causal):
+  dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
+  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+  j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  def accumulate():
+    q, do = q_ref[...], do_ref[...]
+    p, ds = _grad_tile(q, k_ref[...], v_ref[...], do, lse_ref[:, 0], delta_ref[:, 0],
+                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       causal=causal)  # [bq, bk]
+    dv_acc[...] += _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
+    dk_acc[...] += _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
+
+  def write():
+    dk_ref[...] = (dk_acc[...] * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+  _tpu.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi), accumulate=accumulate,
+                    write=write)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,16 +233,24 @@ def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, d = q.shape
   Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
+  kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
   nbytes = sum(x.size * x.dtype.itemsize for x in (q, k, v)) * 2
   out_shapes, out_specs = _common.forward_outputs(q, v, bq)
+  gpu = _common.Launch(
+      functools.partial(_fwd_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+      (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC), out_specs)
+  keys = _tpu.key_rows(bq, bk, cfg.causal)
+  tpu = _common.Launch(
+      functools.partial(_fwd_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+      (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.LEN_SPEC,
+       _tpu.LEN_SPEC), (_tpu.spec(bq, dv), _tpu.spec(bq, 1)),
+      _tpu.scratch((bq, 1), (bq, 1), (bq, dv)), _tpu.SEMANTICS)
   out, lse = _common.call_kernel(
-      functools.partial(_fwd_kernel, causal=cfg.causal, block_k=bk, **dict(cfg.score_kw)),
-      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)),
-      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC],
-      out_shapes, out_specs, grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_fwd",
-      head_dim=d, cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
-                                                bytes_accessed=nbytes))
+      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)), out_shapes, gpu, tpu=tpu,
+      cfg=cfg, name="flash_attention_fwd", head_dim=d,
+      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
+                                    bytes_accessed=nbytes))
   return out, lse[..., 0]
 
 
@@ -160,22 +258,38 @@ def _backward(q, k, v, theta, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, d = q.shape
   Tk, dv = k.shape[2], v.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
-  score_kw = dict(cfg.score_kw)
+  kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   inputs = (q, k, v, do, lse[..., None], delta[..., None], _common.length_rows(kl),
             _common.length_rows(ql))
+  keys = _tpu.key_rows(bq, bk, cfg.causal)
   (dq,) = _common.call_kernel(
-      functools.partial(_dq_kernel, causal=cfg.causal, block_k=bk, **score_kw), inputs,
-      [row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv), stats_spec(bq),
-       stats_spec(bq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(q.shape, q.dtype)], [row_spec(bq, d)],
-      grid=(Tq // bq, B, H), cfg=cfg, name="flash_attention_dq", head_dim=d)
+      inputs, [jax.ShapeDtypeStruct(q.shape, q.dtype)],
+      _common.Launch(
+          functools.partial(_dq_kernel, block_k=bk, **kw), (Tq // bq, B, H),
+          (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv),
+           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, d),)),
+      tpu=_common.Launch(
+          functools.partial(_dq_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
+          (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.spec(bq, dv),
+           _tpu.spec(bq, 1), _tpu.spec(bq, 1), _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bq, d),), _tpu.scratch((bq, d)), _tpu.SEMANTICS),
+      cfg=cfg, name="flash_attention_dq", head_dim=d)
+  queries = _tpu.query_rows(bq, bk, Tq // bq, cfg.causal)
   dk, dv_ = _common.call_kernel(
-      functools.partial(_dkdv_kernel, causal=cfg.causal, block_q=bq, **score_kw), inputs,
-      [full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv), stats_full_spec(Tq),
-       stats_full_spec(Tq), LEN_SPEC, LEN_SPEC],
-      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      [row_spec(bk, d), row_spec(bk, dv)],
-      grid=(Tk // bk, B, H), cfg=cfg, name="flash_attention_dkdv", head_dim=d)
+      inputs, [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      _common.Launch(
+          functools.partial(_dkdv_kernel, block_q=bq, **kw), (Tk // bk, B, H),
+          (full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv),
+           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
+          (row_spec(bk, d), row_spec(bk, dv))),
+      tpu=_common.Launch(
+          functools.partial(_dkdv_tpu_kernel, **kw), (B, H, Tk // bk, Tq // bq),
+          (_tpu.spec(bq, d, queries), _tpu.spec(bk, d), _tpu.spec(bk, dv),
+           _tpu.spec(bq, dv, queries), _tpu.spec(bq, 1, queries), _tpu.spec(bq, 1, queries),
+           _tpu.LEN_SPEC, _tpu.LEN_SPEC),
+          (_tpu.spec(bk, d), _tpu.spec(bk, dv)), _tpu.scratch((bk, d), (bk, dv)),
+          _tpu.SEMANTICS),
+      cfg=cfg, name="flash_attention_dkdv", head_dim=d)
   return dq, dk, dv_, theta
 
 
@@ -212,8 +326,8 @@ def _mosaic_forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
 
 SPEC = _skeleton.KernelSpec(
     name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, interpret_blocks=INTERPRET_BLOCKS,
-    blocked_blocks=BLOCKED_BLOCKS,
+    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
+    interpret_blocks=INTERPRET_BLOCKS, blocked_blocks=BLOCKED_BLOCKS,
     mosaic_forward=_mosaic_forward)
 
 
@@ -238,10 +352,12 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   q: [B, Tq, H, d], k: [B, Tk, H, d], v: [B, Tk, H, dv]; float32, bfloat16 or float16, one dtype.
   key_lengths, query_lengths: [B] int or None (all valid); clipped to [0, T].
   causal: query i sees keys j <= i (top-left aligned). scale: Python float, default 1/sqrt(d).
-  implementation: "pallas" (Triton on GPU; interpret mode on CPU), "blocked" (pure JAX, exact,
-    O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked elsewhere).
+  implementation: "pallas" (Triton on GPU, Mosaic on TPU; interpret mode on CPU), "blocked" (pure
+    JAX, exact, O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked
+    elsewhere).
   block_q, block_k: tile sizes (powers of two >= 16), or block_sizes=BlockSizes(...) for the
-    backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode.
+    backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode
+    (True: the GPU launch; `pltpu.InterpretParams()`: the TPU launch on JAX's TPU interpreter).
   gpu_lowering: the forward of implementation="pallas" on CUDA: "triton" (default), or "mosaic",
     the Mosaic GPU forward for Hopper (kernels/flash_attention_mgpu.py: bfloat16/float16, d <= 256;
     float32 keeps the Triton forward; interpret mode runs the Mosaic GPU interpreter). The backward
@@ -276,10 +392,10 @@ def pallas_attention_padded(q, k, v, *, key_lengths=None, query_lengths=None, ca
                             gpu_lowering: str = "triton"):
   """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
 
-  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS, or
-  INTERPRET_BLOCKS in interpret mode). poison=True starts every output buffer of the forward and
-  backward kernels as NaN, so an element a kernel fails to write shows as NaN (the Mosaic GPU
-  forward of gpu_lowering="mosaic" writes whole tiles and takes no poison).
+  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS,
+  TPU_BLOCKS on a TPU, INTERPRET_BLOCKS in interpret mode). poison=True starts every output
+  buffer of the forward and backward kernels as NaN, so an element a kernel fails to write shows
+  as NaN (the Mosaic GPU forward of gpu_lowering="mosaic" writes whole tiles and takes no poison).
   Returns the padded (out [B, Tq_p, H, dv_p] in the input dtype, lse [B, H, Tq_p] float32):
   Tq_p a multiple of the query tiles, dv_p a power of two >= 16.
   """

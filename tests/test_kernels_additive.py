@@ -2,8 +2,9 @@
 
 Same tolerance rule as tests/test_kernels_attention.py (see tests/kernel_cases.py): in a dtype,
 an implementation's error against float64 is at most twice the naive ("xla") implementation's
-error plus a small floor. The Pallas suite runs compiled on a GPU and in interpret mode on CPU
-(INTERPRET = True).
+error plus a small floor. The Pallas suite runs compiled on a GPU and in interpret mode on CPU:
+the GPU launch on the generic interpreter (INTERPRET = True) and the TPU launch on JAX's TPU
+interpreter (INTERPRET = pltpu.InterpretParams(), a subset of the suite).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 import kernel_cases as kc
 import kernels
@@ -150,6 +152,25 @@ class TestPallasAdditive(_AdditiveSuite):
 
 class TestPallasAdditiveInterpret(TestPallasAdditive):
   INTERPRET = True
+
+
+# The TPU launch (slower per call on the TPU interpreter): the masked cases, causal and not, and
+# bfloat16 once; the tile variants cut d_attn into several scratch slices.
+TPU_FWD_CASES = [(CASES[0], jnp.bfloat16), (CASES[1], jnp.float32)]
+TPU_GRAD_CASES = [(CASES[0], jnp.float32), (CASES[1], jnp.float32)]
+
+
+class TestPallasAdditiveTpuInterpret(TestPallasAdditive):
+  INTERPRET = pltpu.InterpretParams()
+  test_same_result_with_x64_enabled = None  # the TPU index maps are the dot kernel's, tested there
+
+  @pytest.mark.parametrize("case,dtype", TPU_FWD_CASES, ids=kc.ids(TPU_FWD_CASES))
+  def test_forward_matches_float64(self, case, dtype):
+    super().test_forward_matches_float64(case, dtype)
+
+  @pytest.mark.parametrize("case,dtype", TPU_GRAD_CASES, ids=kc.ids(TPU_GRAD_CASES))
+  def test_gradients_match_float64(self, case, dtype):
+    super().test_gradients_match_float64(case, dtype)
 
 
 class TestBlockedAdditive(_AdditiveSuite):

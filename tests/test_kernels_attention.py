@@ -2,8 +2,10 @@
 
 Tolerances: see tests/kernel_cases.py (at most twice the naive implementation's error plus a
 floor; the naive implementation itself against an absolute table).
-The Pallas suite runs compiled on a GPU (`TestPallasAttention`) and in interpret mode on CPU
-(`TestPallasAttentionInterpret`, the same tests with INTERPRET = True).
+The Pallas suite runs compiled on a GPU (`TestPallasAttention`) and in interpret mode on CPU:
+`TestPallasAttentionInterpret` (INTERPRET = True) runs the GPU launch on the generic interpreter,
+`TestPallasAttentionTpuInterpret` (INTERPRET = pltpu.InterpretParams()) the TPU launch (grid over
+the other sequence, VMEM scratch) on JAX's TPU interpreter, which reads unset scratch as NaN.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 import kernel_cases as kc
 import kernels
@@ -254,3 +257,25 @@ def test_bad_input_is_refused(kwargs, match):
 
 class TestPallasAttentionInterpret(TestPallasAttention):
   INTERPRET = True
+
+
+# The TPU launch on the TPU interpreter (a few times slower per call than the generic one): the
+# cases that carry masks, causal Tq > Tk and Tq < Tk, d = 128, each half-precision dtype once.
+TPU_FWD_CASES = [(CASES[0], jnp.float32), (CASES[1], jnp.bfloat16), (CASES[3], jnp.float16)]
+TPU_GRAD_CASES = [(CASES[0], jnp.bfloat16), (CASES[1], jnp.float32), (CASES[2], jnp.float32),
+                  (CASES[3], jnp.float32)]
+
+
+class TestPallasAttentionTpuInterpret(TestPallasAttention):
+  INTERPRET = pltpu.InterpretParams()
+  test_block_sizes = None  # the tiles' bookkeeping is shared with the GPU launch, tested above
+  test_default_scale_and_custom_scale = None
+  test_head_dim_above_256_is_refused = None
+
+  @pytest.mark.parametrize("case,dtype", TPU_FWD_CASES, ids=kc.ids(TPU_FWD_CASES))
+  def test_forward_matches_float64(self, case, dtype):
+    super().test_forward_matches_float64(case, dtype)
+
+  @pytest.mark.parametrize("case,dtype", TPU_GRAD_CASES, ids=kc.ids(TPU_GRAD_CASES))
+  def test_gradients_match_float64(self, case, dtype):
+    super().test_gradients_match_float64(case, dtype)

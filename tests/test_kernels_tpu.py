@@ -2,45 +2,63 @@
 
 Exporting runs the whole Pallas TPU lowering (block-shape and memory-space checks, the kernel body
 to Mosaic MLIR) without a TPU; the module must hold one `tpu_custom_call` per Pallas kernel, named
-after it, so a silent fallback to XLA or a missing backward kernel fails. Mosaic's own layout
-passes and the VMEM budget belong to the TPU compiler in libtpu: the last test runs it, deviceless,
-where libtpu is installed. Values are tested in interpret mode (tests/test_kernels_attention.py,
+after it, so a silent fallback to XLA or a missing backward kernel fails. The kernels' TPU
+launch (kernels/_tpu.py) is checked from its jaxpr: grid semantics, the VMEM its blocks and
+scratch take at T = 16k, and which blocks a causal step fetches. Mosaic's own layout passes and
+the VMEM budget belong to the TPU compiler in libtpu: the last test runs it, deviceless, where
+libtpu is installed. Values are tested in interpret mode (tests/test_kernels_attention.py,
 tests/test_kernels_additive.py); nothing here has run on a TPU.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
+import kernels
 from kernels import additive as aa
 from kernels import flash_attention as fa
 
 B, TQ, TK, H = 2, 200, 136, 2  # odd-sized: the sequence axes are padded to the tiles
+_LENGTHS = (jax.ShapeDtypeStruct((B,), jnp.int32),) * 2  # key_lengths, query_lengths
 
 
-def _dot(d, dt):
+def _dot(d, dt, Tq=TQ, Tk=TK):
   def f(q, k, v, kl, ql):
+    # The tiles "pallas" defaults to on a TPU (here the host is a CPU).
     return fa.attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=True,
-                        implementation="pallas", interpret=False)
-  return f, (_arr(TQ, d, dt), _arr(TK, d, dt), _arr(TK, d, dt)), "flash_attention", ("dq", "dkdv")
+                        implementation="pallas", interpret=False, block_sizes=fa.TPU_BLOCKS)
+  return f, (_arr(Tq, d, dt), _arr(Tk, d, dt), _arr(Tk, d, dt)), "flash_attention", ("dq", "dkdv")
 
 
-def _additive(d, dt):
+def _additive(d, dt, Tq=TQ, Tk=TK):
   def f(q, k, w, v, kl, ql):
     # The tiles "pallas" defaults to on a TPU (here the host is a CPU): see test_tpu_tiles below.
     return aa.additive_attention(q, k, w, v, key_lengths=kl, query_lengths=ql, causal=True,
                                  implementation="pallas", interpret=False,
                                  block_sizes=aa.TPU_BLOCKS)
-  args = (_arr(TQ, d, dt), _arr(TK, d, dt), jax.ShapeDtypeStruct((H, d), dt), _arr(TK, 64, dt))
+  args = (_arr(Tq, d, dt), _arr(Tk, d, dt), jax.ShapeDtypeStruct((H, d), dt), _arr(Tk, 64, dt))
   return f, args, "additive_attention", ("dq", "dkv")
+
+
+_BUILDS = {"dot": _dot, "additive": _additive}
 
 
 def _arr(T, width, dtype):
   return jax.ShapeDtypeStruct((B, T, H, width), dtype)
+
+
+def _with_grad(f, n_args):
+  """f and its gradient in the first n_args arguments (the lengths follow them)."""
+  wrt = tuple(range(n_args))
+  return lambda *a: jax.grad(lambda *b: f(*b).astype(jnp.float32).sum(), argnums=wrt)(*a)
 
 
 def _export(build, d, dtype, backward):
@@ -48,9 +66,7 @@ def _export(build, d, dtype, backward):
   f, args, name, bwd_names = build(d, dtype)
   lengths = (jax.ShapeDtypeStruct((B,), jnp.int32),) * 2
   if backward:
-    fwd = f
-    wrt = tuple(range(len(args)))
-    f = lambda *a: jax.grad(lambda *b: fwd(*b).astype(jnp.float32).sum(), argnums=wrt)(*a)
+    f = _with_grad(f, len(args))
   text = jax.export.export(jax.jit(f), platforms=["tpu"])(*args, *lengths).mlir_module()
   calls = [line for line in text.splitlines() if "stablehlo.custom_call @tpu_custom_call" in line]
   names = sorted(n for line in calls for n in re.findall(r'kernel_name = "(\w+)"', line))
@@ -65,7 +81,7 @@ CASES = [(k, d, dt, bwd) for k, ds in (("dot", (64, 128)), ("additive", (64, 128
 @pytest.mark.parametrize("kernel,d,dtype,backward", CASES, ids=[
     f"{k}-d{d}-{jnp.dtype(dt).name}-{'fwd_bwd' if b else 'fwd'}" for k, d, dt, b in CASES])
 def test_kernel_lowers_to_mosaic_tpu(kernel, d, dtype, backward):
-  build = {"dot": _dot, "additive": _additive}[kernel]
+  build = _BUILDS[kernel]
   names, expected, n_calls = _export(build, d, dtype, backward)
   assert names == expected
   assert n_calls == len(expected)
@@ -74,9 +90,108 @@ def test_kernel_lowers_to_mosaic_tpu(kernel, d, dtype, backward):
 def test_tpu_tiles_are_the_default_on_a_tpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert aa.SPEC.default_blocks("pallas", interpret=False) == aa.TPU_BLOCKS
-  # the dot kernel has no TPU tiles of its own
-  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.GPU_BLOCKS
+  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.TPU_BLOCKS
   assert aa.SPEC.default_blocks("pallas", interpret=True) == aa.INTERPRET_BLOCKS
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.GPU_BLOCKS
+
+
+# ----------------------------------------------------------------------------------------------
+# The TPU launch, read from the jaxpr: the pallas_calls of the platform switch's TPU
+# branch (its default branch where there is no TPU one).
+
+
+def _tpu_kernels(f, *args):
+  """{name: pallas_call equation} of what f launches when lowered for TPU."""
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      platforms = eqn.params.get("branches_platforms")
+      if platforms is None:
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+          yield from walk(sub)
+        continue
+      branches = dict(zip(platforms, eqn.params["branches"]))
+      tpu = next((b for p, b in branches.items() if p and "tpu" in p), branches.get(None))
+      yield from (e for e in tpu.jaxpr.eqns if e.primitive.name == "pallas_call")
+  return {str(e.params["name"]): e for e in walk(jax.make_jaxpr(f)(*args).jaxpr)}
+
+
+def _vmem_bytes(shape, dtype):
+  """VMEM a [.., rows, lanes] buffer takes in (8 x 32-bit sublanes, 128 lanes) tiles."""
+  shape = (1,) * (2 - len(shape)) + tuple(shape)
+  itemsize = jnp.dtype(dtype).itemsize
+  rows = 8 * 4 // itemsize  # bf16 packs 16 rows per tile
+  return (math.prod(shape[:-2]) * -(-shape[-2] // rows) * rows * -(-shape[-1] // 128) * 128
+          * itemsize)
+
+
+def _pipeline_vmem(eqn):
+  """What a TPU kernel's pipeline holds in VMEM, at most: two buffers of every block (the one in
+  use and the next, being copied) and the scratch."""
+  mapping = eqn.params["grid_mapping"]
+  blocks = sum(2 * _vmem_bytes(m.transformed_block_aval.shape, m.array_aval.dtype)
+               for m in mapping.block_mappings)
+  n = mapping.num_scratch_operands
+  scratch = eqn.params["jaxpr"].invars[len(eqn.params["jaxpr"].invars) - n:]
+  return blocks + sum(_vmem_bytes(v.aval.shape, v.aval.dtype) for v in scratch)
+
+
+V5E_SCOPED_VMEM = 16 * 2**20  # the TPU compiler's default scoped-VMEM limit on v5e
+
+
+@pytest.mark.parametrize("kernel", ["dot", "additive"])
+def test_tpu_vmem_stays_per_tile_at_16k(kernel):
+  """T = 16k, bf16, d = 128, forward and backward: no TPU kernel holds a whole sequence; each
+  kernel's pipelined blocks and scratch take at most a quarter of v5e's scoped VMEM, leaving the
+  rest to its tile temporaries. (Holding all of Tq, either dk/dv kernel asked libtpu for 24 MiB;
+  the opt-in libtpu test below compiles these cases.)"""
+  T = 16384
+  f, args, name, bwd_names = _BUILDS[kernel](128, jnp.bfloat16, Tq=T, Tk=T)
+  calls = _tpu_kernels(_with_grad(f, len(args)), *args, *_LENGTHS)
+  assert sorted(calls) == sorted([f"{name}_fwd"] + [f"{name}_{n}" for n in bwd_names])
+  for kernel, eqn in calls.items():
+    for m in eqn.params["grid_mapping"].block_mappings:
+      assert T not in m.transformed_block_aval.shape, (kernel, m.transformed_block_aval.shape)
+    assert _pipeline_vmem(eqn) <= V5E_SCOPED_VMEM // 4, (kernel, _pipeline_vmem(eqn))
+
+
+@pytest.mark.parametrize("kernel", ["dot", "additive"])
+def test_tpu_grid_semantics(kernel):
+  """Grid (b, h, written block, read block): the last axis reduces into scratch ("arbitrary"),
+  the others are "parallel" (megacore may split them)."""
+  f, args, _, _ = _BUILDS[kernel](64, jnp.float32)
+  calls = _tpu_kernels(_with_grad(f, len(args)), *args, *_LENGTHS)
+  assert len(calls) == 3
+  for kernel, eqn in calls.items():
+    params = eqn.params["compiler_params"]
+    assert isinstance(params, pltpu.CompilerParams), kernel
+    assert params.dimension_semantics == ("parallel", "parallel", "parallel", "arbitrary"), kernel
+    assert len(eqn.params["grid_mapping"].grid) == 4
+
+
+def _block_rows(eqn, operand, grid):
+  """{(b, h, r, c): row-block index of `operand`'s block} over the grid, from its index map."""
+  mapping = eqn.params["grid_mapping"].block_mappings[operand].index_map_jaxpr
+  return {ix: int(jax.core.eval_jaxpr(mapping.jaxpr, mapping.consts, *map(jnp.int32, ix))[2])
+          for ix in itertools.product(*map(range, grid))}
+
+
+def test_dot_kernel_tpu_causal_steps_fetch_nothing_new():
+  """Causal, 4 x 4 blocks: a step above the diagonal keeps the block it already holds (Pallas
+  copies a block only when its index changes), so the forward and dq kernels fetch 1 + 2 + 3 + 4
+  key blocks per (b, h) instead of 16, and the dk/dv kernel 4 + 3 + 2 + 1 query blocks."""
+  blocks = kernels.BlockSizes(block_q=128, block_k=128)
+  T = 4 * 128
+  q = jax.ShapeDtypeStruct((1, T, 1, 128), jnp.bfloat16)
+  f = lambda q, k, v: fa.attention(q, k, v, causal=True, implementation="pallas",
+                                   interpret=False, block_sizes=blocks)
+  calls = _tpu_kernels(_with_grad(f, 3), q, q, q)
+  for kernel, operand in (("fwd", 1), ("dq", 1), ("dkdv", 0)):
+    eqn = calls[f"flash_attention_{kernel}"]
+    rows = _block_rows(eqn, operand, (1, 1, 4, 4))
+    fetches = sum(c == 0 or rows[0, 0, r, c] != rows[0, 0, r, c - 1]
+                  for _, _, r, c in rows)
+    assert fetches == 10, (kernel, rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,22 +203,26 @@ _TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "loca
             "TPU_SKIP_MDS_QUERY": "1"}
 
 
+# Beyond CASES: T = 16k, bf16, d = 128, forward + backward (holding a whole sequence in VMEM,
+# both kernels' dk/dv backward ran out of v5e's 16 MiB scoped VMEM).
+LONG_CASES = [("dot", 128, jnp.bfloat16, True, 16384), ("additive", 128, jnp.bfloat16, True, 16384)]
+
+
 def _aot_compile_all():
-  """Compiles every CASES entry (forward and gradient) for a TPU v5e core; prints one line each."""
+  """Compiles every CASES and LONG_CASES entry (forward, or its gradient) for a TPU v5e core;
+  prints one line each."""
   from jax.experimental import topologies
   from jax.sharding import SingleDeviceSharding
   topo = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
   sharding = SingleDeviceSharding(topo.devices[0])
-  for kernel, d, dtype, backward in CASES:
-    f, args, _, _ = {"dot": _dot, "additive": _additive}[kernel](d, dtype)
-    lengths = (jax.ShapeDtypeStruct((B,), jnp.int32),) * 2
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args + lengths]
+  for kernel, d, dtype, backward, *T in CASES + LONG_CASES:
+    lengths = dict(Tq=T[0], Tk=T[0]) if T else {}
+    f, args, _, _ = _BUILDS[kernel](d, dtype, **lengths)
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args + _LENGTHS]
     if backward:
-      fwd, wrt = f, tuple(range(len(args) - 2))
-      f = lambda *a, fwd=fwd, wrt=wrt: jax.grad(
-          lambda *b: fwd(*b).astype(jnp.float32).sum(), argnums=wrt)(*a)
+      f = _with_grad(f, len(args) - 2)
     jax.jit(f).lower(*args).compile()
-    print("compiled", kernel, d, jnp.dtype(dtype).name, backward, flush=True)
+    print("compiled", kernel, d, jnp.dtype(dtype).name, backward, *T, flush=True)
 
 
 def test_kernels_compile_for_tpu_v5e_with_libtpu():
@@ -119,7 +238,7 @@ def test_kernels_compile_for_tpu_v5e_with_libtpu():
   run = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=root,
                        capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
-  assert run.stdout.count("compiled") == len(CASES)
+  assert run.stdout.count("compiled") == len(CASES) + len(LONG_CASES)
 
 
 if __name__ == "__main__":
