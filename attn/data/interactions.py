@@ -35,17 +35,17 @@ PAD = 0  # the padding item id; real items are 1..num_items
 @dataclasses.dataclass(frozen=True)
 class InteractionConfig:
   """The generated log (the `data` section of experiments/configs/recommend.py)."""
-  num_users: int = option(3000, "users (one history each)")
-  num_items: int = option(400, "items (ids 1..num_items; 0 is padding)")
-  num_triggers: int = option(30, "trigger items; each fixes one target item")
-  max_offset: int = option(8, "a trigger's target follows it 1..max_offset positions later")
-  min_len: int = option(12, "shortest history (test and valid items included)")
-  max_len: int = option(50, "longest history (test and valid items included)")
-  pair_every: int = option(12, "one planted trigger/target pair per this many training "
+  num_users: int = option(2000, "users (one history each)")
+  num_items: int = option(300, "items (ids 1..num_items; 0 is padding)")
+  num_triggers: int = option(20, "trigger items; each fixes one target item")
+  max_offset: int = option(6, "a trigger's target follows it 1..max_offset positions later")
+  min_len: int = option(10, "shortest history (test and valid items included)")
+  max_len: int = option(40, "longest history (test and valid items included)")
+  pair_every: int = option(10, "one planted trigger/target pair per this many training "
                            "positions, on average")
   zipf_a: float = option(1.2, "Zipf exponent of the noise items' popularity")
   seed: int = option(0, "generator seed (the log is a function of the config)")
-  batch_size: int = option(128, "histories per training batch")
+  batch_size: int = option(64, "histories per training batch")
 
   def __post_init__(self):
     noise = self.num_items - 2 * self.num_triggers

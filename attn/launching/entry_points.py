@@ -57,6 +57,10 @@ EXPERIMENTS.add("summarize", Experiment(
     scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE)),
     figures=("repeated_trigram_rate", "source_token_share", "oov_in_references", "oov_recovered",
              "oov_copies", "copied_share", "mean_p_gen")))
+EXPERIMENTS.add("recommend", Experiment(
+    "experiments.recommend", "next-item recommendation: self-attention, mean-pooling, GRU",
+    metrics=("hr10", "ndcg10", "attention_on_gold", "params", "wall_s"),
+    scores=("hr10", "ndcg10"), figures=("attention_on_gold", "random_hr10", "users")))
 
 
 def experiment(name: str) -> Experiment:

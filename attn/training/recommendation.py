@@ -49,13 +49,13 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class RecTrainConfig:
   """The `train` section of experiments/configs/recommend.py."""
-  steps: int = option(1500, "optimizer steps")
-  learning_rate: float = option(2e-3, "peak learning rate (Adam, after warm-up)")
+  steps: int = option(1200, "optimizer steps")
+  learning_rate: float = option(3e-3, "peak learning rate (Adam, after warm-up)")
   warmup_steps: int = option(100, "linear warm-up from 0, then cosine decay to 10%")
   clip_norm: float = option(1.0, "global gradient-norm clipping")
   log_every: int = option(100, "steps between progress lines and train metrics")
-  eval_every: int = option(250, "steps between valid-split evaluations (best/ by NDCG@10)")
-  checkpoint_every: int = option(250, "steps between checkpoints (for resuming)")
+  eval_every: int = option(300, "steps between valid-split evaluations (best/ by NDCG@10)")
+  checkpoint_every: int = option(300, "steps between checkpoints (for resuming)")
   seed: int = option(0, "model initialization and batch order")
   attention_samples: int = option(32, "test users whose attention goes to attention.npz")
 

@@ -4,7 +4,7 @@ with planted trigger -> target pairs (attn.data.interactions).
     python -m experiments.recommend --config=experiments/configs/recommend.py:default \
         --config.model.kind=gru --workdir=workdirs/rec_gru
 
-Presets (the text after the colon): default (3,000 users, 400 items, histories of 12-50 items;
+Presets (the text after the colon): default (2,000 users, 300 items, histories of 10-40 items;
 a few minutes on 2 cores), tiny (a few seconds, for tests). model.kind picks the model: sasrec
 (causal self-attention), meanpool, gru; the baselines' feed-forward width is chosen so their
 parameter count matches sasrec's (model.match_params). Every field can be overridden on the
