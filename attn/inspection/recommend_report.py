@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 
 from attn.common import files
-from attn.errors import DataError
+from attn.errors import ConfigError, DataError
 from attn.inspection.plots import pyplot
 
 
 def load(workdirs) -> list[tuple[str, dict]]:
   """(model name, results) of each finished run; DataError naming a run without results.json."""
+  if not workdirs:
+    raise ConfigError("--workdirs: give at least one finished recommend run")
   rows = []
   for wd in workdirs:
     res = files.read_json(os.path.join(wd, "results.json"))

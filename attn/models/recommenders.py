@@ -1,7 +1,8 @@
 """Next-item recommenders over a user's history (Flax NNX), registered by name in RECOMMENDERS:
 
 - `sasrec`: causal self-attention over the history (Kang & McAuley 2018, SASRec): item
-  embeddings plus learned positions, L pre-LayerNorm blocks of `attn.multihead` (any registered
+  embeddings plus learned positions (counted back from the history's end, as SASRec's
+  left-padding does), L pre-LayerNorm blocks of `attn.multihead` (any registered
   score and normalizer) and a feed-forward layer, the item embedding shared as the output layer;
 - `meanpool`: the mean of the embeddings of the items so far, through a feed-forward layer;
 - `gru`: a GRU over the history (GRU4Rec, Hidasi et al. 2016), through a feed-forward layer.
@@ -50,7 +51,7 @@ class RecommenderConfig:
     for kind, name in (("score", self.score), ("normalizer", self.normalizer)):
       if name not in attn.VARIANTS[kind]:
         raise ConfigError(f"model.{kind}={name!r} is not a registered {kind}; known: "
-                          f"{', '.join(sorted(attn.VARIANTS[kind].keys()))}")
+                          f"{', '.join(attn.VARIANTS[kind].canonical_names())}")
     for name in ("dim", "num_blocks", "num_heads", "ffn_dim"):
       if getattr(self, name) < 1:
         raise ConfigError(f"model.{name}={getattr(self, name)} must be at least 1")
@@ -144,11 +145,17 @@ class SASRec(_Base):
   def __call__(self, inputs, lengths):
     cfg = self.cfg
     T = inputs.shape[-1]
+    # SASRec left-pads: inside the blocks each history ends at position T - 1, so a learned
+    # position says how recent an item is, and the final prediction always sits at the same
+    # position whatever the history's length. Rows are rotated into that frame and back.
+    shift = (T - lengths)[:, None]  # [B, 1]
+    to_left = (jnp.arange(T)[None] - shift) % T  # [B, T]: left-frame i holds item i - shift
+    to_right = (jnp.arange(T)[None] + shift) % T  # [B, T]: item j sits at left-frame j + shift
+    valid = jnp.arange(T)[None] >= shift  # [B, T] in the left frame
     # query i sees keys j <= i of its own history; padded queries see nothing (zero weights).
-    mask = attn.masks.combine(
-        attn.masks.causal_mask(T, T),
-        attn.masks.padding_mask(lengths, T, query_lengths=lengths, Tq=T))  # [B, T, T]
-    x = self.items(inputs) + self.positions[...][:T]  # [B, T, d]
+    mask = attn.masks.causal_mask(T, T)[None] & valid[:, None, :] & valid[:, :, None]  # [B, T, T]
+    items = jnp.take_along_axis(inputs, to_left, axis=1)
+    x = self.items(items) + self.positions[...][cfg.max_len - T:]  # [B, T, d]
     weights = []
     for l in range(cfg.num_blocks):
       y, w = attn.multihead(values(self.attn_params[l]), self.norms[2 * l](x),
@@ -157,7 +164,11 @@ class SASRec(_Base):
       x = x + y
       x = x + self._block_mlp(l, self.norms[2 * l + 1](x))
       weights.append(w)
-    return self.final_norm(x), jnp.stack(weights, axis=1)  # [B, T, d], [B, L, H, T, T]
+    h = jnp.take_along_axis(self.final_norm(x), to_right[..., None], axis=1)  # [B, T, d]
+    w = jnp.stack(weights, axis=1)  # [B, L, H, T, T], left frame
+    w = jnp.take_along_axis(w, to_right[:, None, None, :, None], axis=3)
+    w = jnp.take_along_axis(w, to_right[:, None, None, None, :], axis=4)
+    return h, w  # both in the inputs' (right-padded) frame
 
 
 def build(cfg: RecommenderConfig, seed: int = 0):
