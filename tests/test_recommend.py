@@ -141,14 +141,18 @@ def _run(args, tmp_path):
 
 
 def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
+  from attn.training import recommendation
+  from experiments.configs import recommend as presets
   wd = tmp_path / "run"
-  p = _run(["--config=experiments/configs/recommend.py:tiny", f"--workdir={wd}"], tmp_path)
-  assert p.returncode == 0, p.stderr[-3000:]
+  out = recommendation.train_and_evaluate(presets.get_config("tiny"), str(wd))
   res = json.loads((wd / "results.json").read_text())
+  assert res == json.loads(json.dumps(out))
   assert res["random_hr10"] == pytest.approx(10 / 80)
   assert res["hr10"] > 3 * res["random_hr10"], res  # well above a random ranking
   assert 0 < res["ndcg10"] <= res["hr10"]
   assert set(res["hr10_by_length"]) == set(res["attention_on_gold_by_length"])
+  assert len(res["attention_on_gold_by_layer_and_length"]) == 1  # the tiny preset's one block
+  assert 0 <= res["gold_is_argmax_by_layer"][0] <= 1
   for name in ("config.json", "model.json", "metrics.jsonl", "attention.npz"):
     assert (wd / name).exists(), name
   with np.load(wd / "attention.npz") as npz:
@@ -159,9 +163,8 @@ def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
   run = viewer.load_run(str(wd))
   assert run.has_attention and run.has_scores, run.scores_note
   # Rerunning resumes at the last step: nothing left to train, the same test scores.
-  p = _run(["--config=experiments/configs/recommend.py:tiny", f"--workdir={wd}"], tmp_path)
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert json.loads((wd / "results.json").read_text())["hr10"] == res["hr10"]
+  again = recommendation.train_and_evaluate(presets.get_config("tiny"), str(wd))
+  assert again["hr10"] == res["hr10"] and again["step"] == res["step"] == 150
 
 
 def test_a_bad_config_is_refused_in_one_line_before_anything_is_written(tmp_path):

@@ -35,9 +35,11 @@ def figure(rows, path: str) -> None:
     x = range(len(labels))
     ax_hr.plot(x, [res["hr10_by_length"][k] for k in labels], marker="o", label=name)
     ax_hr.set_xticks(x, labels)
-    att = res.get("attention_on_gold_by_length")
-    if att:
-      ax_att.plot(x, [att[k] for k in labels], marker="o", label=f"{name}, last layer")
+    layers = res.get("attention_on_gold_by_layer_and_length") or (
+        [res["attention_on_gold_by_length"]] if "attention_on_gold_by_length" in res else [])
+    for l, att in enumerate(layers):
+      ax_att.plot(x, [att[k] for k in labels], marker="os^v"[l % 4],
+                  label=f"{name}, layer {l + 1} of {len(layers)}")
       ax_att.set_xticks(x, labels)
   if rows:
     ax_hr.axhline(rows[0][1]["random_hr10"], color="grey", ls=":", label="random")

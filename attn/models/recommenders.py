@@ -7,7 +7,8 @@
 - `meanpool`: the mean of the embeddings of the items so far, through a feed-forward layer;
 - `gru`: a GRU over the history (GRU4Rec, Hidasi et al. 2016), through a feed-forward layer.
 
-Every model maps inputs [B, T] (right-padded item ids, PAD = 0) and lengths [B] to one hidden
+Every model maps inputs [B, T] (right-padded item ids, PAD = 0) and lengths [B] (and a dropout
+key while training) to one hidden
 state per position, h [B, T, d], where position i has seen items 0..i only; the scores of all
 items at i are h_i . E^T (E: the shared item embedding), PAD's scored -inf. The attention model
 also returns its weights [B, L, H, T, T] (zero on padding keys and for padded queries).
@@ -39,6 +40,8 @@ class RecommenderConfig:
   num_blocks: int = option(2, "sasrec: self-attention blocks L")
   num_heads: int = option(2, "sasrec: heads H per block")
   ffn_dim: int = option(128, "feed-forward width (every model's)")
+  dropout: float = option(0.2, "dropout rate on the item embeddings and every residual branch "
+                          "while training (SASRec's 0.2)")
   score: str = option("scaled_dot", "sasrec: attention score (attn.VARIANTS)")
   normalizer: str = option("softmax", "sasrec: attention normalizer (attn.VARIANTS)")
   match_params: bool = option(True, "meanpool, gru: ffn_dim chosen so the parameter count is "
@@ -52,6 +55,8 @@ class RecommenderConfig:
       if name not in attn.VARIANTS[kind]:
         raise ConfigError(f"model.{kind}={name!r} is not a registered {kind}; known: "
                           f"{', '.join(attn.VARIANTS[kind].canonical_names())}")
+    if not 0 <= self.dropout < 1:
+      raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
     for name in ("dim", "num_blocks", "num_heads", "ffn_dim"):
       if getattr(self, name) < 1:
         raise ConfigError(f"model.{name}={getattr(self, name)} must be at least 1")
@@ -84,6 +89,15 @@ class _Base(nnx.Module):
     """The feed-forward layer, [..., d] -> [..., d] (the residual is the caller's)."""
     return self.ffn_out(jax.nn.gelu(self.ffn_in(x)))
 
+  def drop(self, x, key, i: int):
+    """Inverted dropout of `x` at model.dropout with the `i`th key folded from `key`; the
+    identity when `key` is None (evaluation)."""
+    rate = self.cfg.dropout
+    if key is None or rate == 0:
+      return x
+    keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
   def logits(self, h):
     """h [..., d] -> scores of every item [..., num_items + 1], PAD at -inf."""
     s = jnp.einsum("...d,vd->...v", h, self.items.embedding[...])
@@ -95,12 +109,13 @@ class MeanPool(_Base):
   """h_i = m_i + FFN(m_i), m_i the mean of E[x_0..x_i]: the history as an unordered bag, each
   item weighted 1/(i+1)."""
 
-  def __call__(self, inputs, lengths):
+  def __call__(self, inputs, lengths, dropout_key=None):
     valid = (inputs != 0)[..., None].astype(jnp.float32)  # [B, T, 1]
-    csum = jnp.cumsum(self.items(inputs) * valid, axis=1)  # [B, T, d]
+    e = self.drop(self.items(inputs), dropout_key, 0)
+    csum = jnp.cumsum(e * valid, axis=1)  # [B, T, d]
     count = jnp.maximum(jnp.cumsum(valid, axis=1), 1.0)
     m = csum / count
-    return m + self.mlp(m), None
+    return m + self.drop(self.mlp(m), dropout_key, 1), None
 
 
 @RECOMMENDERS.register("gru")
@@ -111,10 +126,10 @@ class GRU(_Base):
     super().__init__(cfg, rngs)
     self.rnn = nnx.RNN(nnx.GRUCell(cfg.dim, cfg.dim, rngs=rngs))
 
-  def __call__(self, inputs, lengths):
+  def __call__(self, inputs, lengths, dropout_key=None):
     # Positions past a history's end get states too; the loss and the ranking never read them.
-    s = self.rnn(self.items(inputs))  # [B, T, d]
-    return s + self.mlp(s), None
+    s = self.rnn(self.drop(self.items(inputs), dropout_key, 0))  # [B, T, d]
+    return s + self.drop(self.mlp(s), dropout_key, 1), None
 
 
 @RECOMMENDERS.register("sasrec")
@@ -142,7 +157,7 @@ class SASRec(_Base):
       return self.mlp(x)
     return self.ffns_out[l](jax.nn.gelu(self.ffns_in[l](x)))
 
-  def __call__(self, inputs, lengths):
+  def __call__(self, inputs, lengths, dropout_key=None):
     cfg = self.cfg
     T = inputs.shape[-1]
     # SASRec left-pads: inside the blocks each history ends at position T - 1, so a learned
@@ -155,14 +170,14 @@ class SASRec(_Base):
     # query i sees keys j <= i of its own history; padded queries see nothing (zero weights).
     mask = attn.masks.causal_mask(T, T)[None] & valid[:, None, :] & valid[:, :, None]  # [B, T, T]
     items = jnp.take_along_axis(inputs, to_left, axis=1)
-    x = self.items(items) + self.positions[...][cfg.max_len - T:]  # [B, T, d]
+    x = self.drop(self.items(items) + self.positions[...][cfg.max_len - T:], dropout_key, 0)
     weights = []
     for l in range(cfg.num_blocks):
       y, w = attn.multihead(values(self.attn_params[l]), self.norms[2 * l](x),
                             num_heads=cfg.num_heads, score=cfg.score,
                             normalizer=cfg.normalizer, mask=mask)  # [B, T, d], [B, H, T, T]
-      x = x + y
-      x = x + self._block_mlp(l, self.norms[2 * l + 1](x))
+      x = x + self.drop(y, dropout_key, 2 * l + 1)
+      x = x + self.drop(self._block_mlp(l, self.norms[2 * l + 1](x)), dropout_key, 2 * l + 2)
       weights.append(w)
     h = jnp.take_along_axis(self.final_norm(x), to_right[..., None], axis=1)  # [B, T, d]
     w = jnp.stack(weights, axis=1)  # [B, L, H, T, T], left frame

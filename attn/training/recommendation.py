@@ -115,10 +115,10 @@ def make_optimizer(tc: RecTrainConfig):
   return optax.chain(optax.clip_by_global_norm(tc.clip_norm), optax.adam(schedule))
 
 
-def next_item_loss(model, inputs, lengths, targets):
+def next_item_loss(model, inputs, lengths, targets, dropout_key=None):
   """(mean cross-entropy over the valid positions, number of positions). inputs, targets:
   [B, T]; lengths: [B]."""
-  h, _ = model(inputs, lengths)
+  h, _ = model(inputs, lengths, dropout_key)
   logp = jax.nn.log_softmax(model.logits(h).astype(jnp.float32))  # [B, T, V]
   nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
   valid = (jnp.arange(inputs.shape[1])[None] < lengths[:, None]).astype(jnp.float32)
@@ -126,11 +126,11 @@ def next_item_loss(model, inputs, lengths, targets):
   return jnp.sum(nll * valid) / n, n
 
 
-def train_step(graphdef, state, inputs, lengths, targets):
+def train_step(graphdef, state, inputs, lengths, targets, dropout_key):
   """One Adam step; state = nnx.state((model, optimizer)). Returns (state, metrics)."""
   model, optimizer = nnx.merge(graphdef, state)
   (loss, n), grads = nnx.value_and_grad(next_item_loss, has_aux=True)(model, inputs, lengths,
-                                                                     targets)
+                                                                     targets, dropout_key)
   optimizer.update(model, grads)
   return nnx.state((model, optimizer)), {"loss": loss, "positions": n,
                                          "grad_norm": optax.tree.norm(grads)}
@@ -177,7 +177,9 @@ def train(run: RecRun, splits, ckpt: Checkpoints, writer: MetricsWriter) -> None
   t0 = time.time()
   while run.step < tc.steps:
     inputs, lengths, targets = next(batches)
-    run.state, m = step_fn(run.state, inputs, lengths, targets)
+    # The dropout masks are a function of the seed and the step: a resumed run draws the same.
+    key = jax.random.fold_in(jax.random.PRNGKey(tc.seed + 1), run.step)
+    run.state, m = step_fn(run.state, inputs, lengths, targets, key)
     run.step += 1
     run.train_tokens += float(lengths.sum())
     due = lambda every: run.step % every == 0 or run.step == tc.steps

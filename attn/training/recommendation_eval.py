@@ -26,43 +26,46 @@ NUM_BUCKETS = 4  # history-length buckets of the by-length figures
 
 @functools.partial(jax.jit, static_argnums=0)
 def _final_position(graphdef, state, inputs, lengths, gold):
-  """Scores of every item at each user's final position [B, V], and the final position's weight
-  on key `gold` per layer, averaged over heads [B, L] (zeros without attention)."""
+  """Scores of every item at each user's final position [B, V]; the final position's weight on
+  key `gold` per layer, averaged over heads [B, L], and whether `gold` is that head-average's
+  largest weight [B, L] (zeros without attention)."""
   model, _ = nnx.merge(graphdef, state)
   h, w = model(inputs, lengths)  # [B, T, d], [B, L, H, T, T] or None
   rows = jnp.arange(inputs.shape[0])
   last = jnp.maximum(lengths - 1, 0)
   scores = model.logits(h[rows, last])  # [B, V]
   if w is None:
-    return scores, jnp.zeros((inputs.shape[0], 1), jnp.float32)
-  on_gold = w.mean(axis=2)[rows, :, last, jnp.maximum(gold, 0)]  # [B, L]
-  return scores, on_gold
+    zeros = jnp.zeros((inputs.shape[0], 1), jnp.float32)
+    return scores, zeros, zeros
+  final = w.mean(axis=2)[rows, :, last]  # [B, L, T]
+  on_gold = jnp.take_along_axis(final, jnp.maximum(gold, 0)[:, None, None], axis=2)[..., 0]
+  return scores, on_gold, (jnp.argmax(final, axis=-1) == gold[:, None]).astype(jnp.float32)
 
 
 def final_positions(graphdef, state, split):
-  """(scores [U, V] at each user's final position, attention on gold [U, L]; NaN where the
-  split's gold is unknown) over the whole split, in batches of EVAL_BATCH."""
+  """(scores [U, V] at each user's final position, attention on gold [U, L], gold is the
+  argmax [U, L]; the last two NaN where the split's gold is unknown) over the whole split, in
+  batches of EVAL_BATCH."""
   U = len(split.lengths)
-  scores, on_gold = [], []
+  parts = []
   for lo in range(0, U, EVAL_BATCH):
     rows = np.resize(np.arange(lo, min(lo + EVAL_BATCH, U)), EVAL_BATCH)
-    s, a = _final_position(graphdef, state, split.inputs[rows], split.lengths[rows],
-                           split.gold[rows])
-    n = min(EVAL_BATCH, U - lo)
-    scores.append(np.asarray(s)[:n])
-    on_gold.append(np.asarray(a)[:n])
-  on_gold = np.concatenate(on_gold).astype(np.float64)
-  on_gold[split.gold < 0] = np.nan
-  return np.concatenate(scores), on_gold
+    out = _final_position(graphdef, state, split.inputs[rows], split.lengths[rows],
+                          split.gold[rows])
+    parts.append([np.asarray(x)[:min(EVAL_BATCH, U - lo)] for x in out])
+  scores, on_gold, argmax = (np.concatenate(p) for p in zip(*parts))
+  on_gold, argmax = on_gold.astype(np.float64), argmax.astype(np.float64)
+  on_gold[split.gold < 0] = argmax[split.gold < 0] = np.nan
+  return scores, on_gold, argmax
 
 
 def rank_split(graphdef, state, split) -> dict:
   """hr10 and ndcg10 of the split's held-out items, and per user: ranks [U], top1 [U],
-  on_gold [U, L]."""
-  scores, on_gold = final_positions(graphdef, state, split)
+  on_gold [U, L], gold_is_argmax [U, L]."""
+  scores, on_gold, argmax = final_positions(graphdef, state, split)
   r = ranking.ranks(scores, split.last)
   return {"hr10": ranking.hit_rate(r, K), "ndcg10": ranking.ndcg(r, K), "ranks": r,
-          "top1": np.argmax(scores, axis=1), "on_gold": on_gold}
+          "top1": np.argmax(scores, axis=1), "on_gold": on_gold, "gold_is_argmax": argmax}
 
 
 def length_buckets(lengths, lo: int, hi: int, n: int = NUM_BUCKETS):
@@ -143,7 +146,11 @@ def write_results(run, splits, trained: dict) -> dict:
     results.update(
         attention_on_gold=float(np.nanmean(last_layer)),
         attention_on_gold_by_layer=[float(v) for v in np.nanmean(ev["on_gold"], axis=0)],
-        attention_on_gold_by_length=by_length(last_layer, test.lengths, lo, hi))
+        attention_on_gold_by_length=by_length(last_layer, test.lengths, lo, hi),
+        attention_on_gold_by_layer_and_length=[
+            by_length(ev["on_gold"][:, l], test.lengths, lo, hi)
+            for l in range(ev["on_gold"].shape[1])],
+        gold_is_argmax_by_layer=[float(v) for v in np.nanmean(ev["gold_is_argmax"], axis=0)])
   with files.atomic_path(os.path.join(run.workdir, "attention.npz"), suffix=".npz") as tmp:
     np.savez(tmp, **_attention_npz(run, test, ev, run.tc.attention_samples))
   files.write_json(os.path.join(run.workdir, "results.json"), results)
