@@ -43,6 +43,11 @@ def figure(rows, path: str) -> None:
       ax_att.set_xticks(x, labels)
   if rows:
     ax_hr.axhline(rows[0][1]["random_hr10"], color="grey", ls=":", label="random")
+    # What a weight spread evenly over the history would put on the trigger: 1 / length.
+    labels = list(rows[0][1]["hr10_by_length"])
+    mids = [sum(int(v) for v in label.split("-")) / 2 for label in labels]
+    ax_att.plot(range(len(labels)), [1 / m for m in mids], color="grey", ls=":",
+                label="uniform over the history")
   ax_att.set(title="final position's weight on the planted trigger", xlabel="history length",
              ylabel="attention (mean over heads and users)", ylim=(0, 1))
   ax_hr.set(title="HR@10 of the held-out item", xlabel="history length", ylabel="HR@10",

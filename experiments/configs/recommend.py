@@ -5,7 +5,8 @@ with planted trigger -> target pairs (attn.data.interactions).
         --config.model.kind=gru --workdir=workdirs/rec_gru
 
 Presets (the text after the colon): default (2,000 users, 300 items, histories of 10-40 items;
-a few minutes on 2 cores), tiny (a few seconds, for tests). model.kind picks the model: sasrec
+a few minutes on 2 cores), far (targets up to 24 items after their triggers, histories of 30-60
+items), tiny (a few seconds, for tests). model.kind picks the model: sasrec
 (causal self-attention), meanpool, gru; the baselines' feed-forward width is chosen so their
 parameter count matches sasrec's (model.match_params). Every field can be overridden on the
 command line (`--config.train.steps=100`); typos fail with a suggestion. Defaults live in the
@@ -18,6 +19,9 @@ from attn.training.recommendation import default_config
 
 _PRESETS = {
     "default": {},
+    # The trigger's target comes up to 24 items later, in histories of 30-60 items: a long
+    # dependency for the GRU to carry, one attention hop for self-attention.
+    "far": dict(data=dict(max_offset=24, min_len=30, max_len=60, pair_every=12)),
     "tiny": dict(
         data=dict(num_users=400, num_items=80, num_triggers=8, max_offset=4, min_len=8,
                   max_len=16, pair_every=6, batch_size=64),
