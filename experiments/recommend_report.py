@@ -1,7 +1,7 @@
 r"""The recommendation runs side by side: a markdown table and a figure by history length.
 
-    python -m experiments.recommend_report --workdirs=workdirs/recommend/kind=sasrec,workdirs/recommend/kind=meanpool,workdirs/recommend/kind=gru \
-        --out=docs/img/recommend.png
+    python -m experiments.recommend_report --out=docs/img/recommend.png \
+        --workdirs=workdirs/recommend/kind=sasrec,workdirs/recommend/kind=meanpool,workdirs/recommend/kind=gru
 
 Prints the table (HR@10, NDCG@10, attention on the planted trigger, parameters, wall time) and
 writes the figure (attention on the planted trigger, and HR@10 of each model, by history

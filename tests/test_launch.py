@@ -229,7 +229,8 @@ def test_launch_usage_errors_are_one_line(tmp_path, fake, capsys):
                         (["--config=experiments/configs/nothere.py:smoke"],
                          "--config=experiments/configs/nothere.py:smoke: no file"),
                         (["--experiment=transalte"], "--experiment=transalte: not an experiment "
-                                                     "launch.py runs; known: summarize, translate"),
+                                                     "launch.py runs; known: recommend, summarize, "
+                                                     "translate"),
                         # entry points that are not experiments launch.py can run
                         (["--experiment=browser"], "--experiment=browser: not an experiment"),
                         (["--experiment=bench_kernel"], "--experiment=bench_kernel: not an")]:

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from attn.common import files
+from attn.common.tables import format_cell, markdown_table
 from attn.evaluation import ranking
 from attn.training import workdir as workdir_lib
 from attn.training.config import config_record
@@ -159,7 +160,6 @@ def write_results(run, splits, trained: dict) -> dict:
 
 def results_table(rows) -> str:
   """A markdown table of (name, results) pairs: HR@10, NDCG@10, parameters, wall time."""
-  from attn.common.tables import format_cell, markdown_table  # pylint: disable=import-outside-toplevel
   cols = ("hr10", "ndcg10", "attention_on_gold", "params", "wall_s")
   return markdown_table(["model", *cols], [[name] + [format_cell(r.get(c, "")) for c in cols]
                                            for name, r in rows])
