@@ -152,6 +152,10 @@ def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
   assert 0 < res["ndcg10"] <= res["hr10"]
   assert set(res["hr10_by_length"]) == set(res["attention_on_gold_by_length"])
   assert len(res["attention_on_gold_by_layer_and_length"]) == 1  # the tiny preset's one block
+  from attn.launching import entry_points  # launch.py tabulates what the run records
+  numeric = {k for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+  assert numeric <= set(entry_points.EXPERIMENTS.get("recommend").known_metrics), numeric
+  assert set(entry_points.metrics("recommend")) <= set(res)
   assert 0 <= res["gold_is_argmax_by_layer"][0] <= 1
   for name in ("config.json", "model.json", "metrics.jsonl", "attention.npz"):
     assert (wd / name).exists(), name
@@ -207,3 +211,12 @@ def test_the_baselines_are_sized_to_the_attention_models_parameter_count():
     assert abs(counts[kind] - counts["sasrec"]) / counts["sasrec"] < 0.02, counts
   with pytest.raises(ConfigError, match="unknown model.kind"):
     recommenders.RecommenderConfig(kind="bert4rec")
+
+
+def test_the_report_refuses_a_run_without_results(tmp_path):
+  from attn.errors import DataError
+  from attn.inspection import recommend_report
+  with pytest.raises(DataError, match=f"{tmp_path}: no results.json of a recommend run"):
+    recommend_report.load([str(tmp_path)])
+  with pytest.raises(ConfigError, match="--workdirs: give at least one"):
+    recommend_report.load([])
