@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import time
 
 import jax
