@@ -61,6 +61,10 @@ EXPERIMENTS.add("caption", Experiment(
     "experiments.caption", "image captioning: attention over image regions",
     metrics=("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s"),
     scores=("digit_accuracy", "exact_match"), figures=("aer", "attention_on_gold")))
+EXPERIMENTS.add("recommend", Experiment(
+    "experiments.recommend", "next-item recommendation: self-attention, mean-pooling, GRU",
+    metrics=("hr10", "ndcg10", "attention_on_gold", "params", "wall_s"),
+    scores=("hr10", "ndcg10"), figures=("attention_on_gold", "random_hr10", "users")))
 
 
 def experiment(name: str) -> Experiment:
