@@ -7,6 +7,7 @@ weights.
     python -m experiments.retrieve --workdir=workdirs/retrieve                # the sweep, minutes
     python -m experiments.retrieve --workdir=workdirs/retrieve --serve_only --port=8000
     python -m experiments.retrieve --distractors=0,4 --steps=200 --train_size=500   # tiny
+    python -m experiments.retrieve --workdir=workdirs/retrieve --serve_only --diagnose
 
 Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mode and number of
 distractors, training time), retrieve.png (the same against distractors), retriever.npz and
@@ -14,11 +15,19 @@ model.json (the model the page serves) and retrieve.html into the workdir. With 
 then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
 attn.inspection.retrieve.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
 --retrieval_loss, --modes, ...
+
+--diagnose (after training, or with --serve_only on the model already saved in --workdir, without
+retraining) asks whether the answer uses the weights: the served model's retrieval weights over
+its top-k stories and each reader hop's weights over sentences are replaced in turn by each of
+--interventions (attn.inspection.interventions; `identity` reproduces the model's accuracy) on the
+run's own test pools, and diagnose.json and diagnose.md (accuracy, answers changed, and where each
+stage's top weight sits) are written into the workdir (attn.inspection.retrieve_diagnosis).
 """
 
 import os
 
 from attn.inspection.retrieve import RetrieveConfig
+from attn.inspection.retrieve_diagnosis import RetrieveDiagnosis
 from attn.inspection.retrieve_server import RetrieveServing
 from attn.launching import cli
 
@@ -30,20 +39,27 @@ def define_flags():
   import this module next to other flag-defining ones)."""
   cli.define_settings_flags(RetrieveConfig)
   cli.define_settings_flags(RetrieveServing)
+  cli.define_settings_flags(RetrieveDiagnosis)
 
 
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.inspection import focus_server, retrieve, retrieve_server
+  from attn.inspection import focus_server, retrieve, retrieve_diagnosis, retrieve_server
   cfg = cli.settings_from_flags(RetrieveConfig)
   serving = cli.settings_from_flags(RetrieveServing)
+  diagnosis = cli.settings_from_flags(RetrieveDiagnosis)
   page = focus_server.inline_page(WEB_DIR)
   if not serving.serve_only:
     results = retrieve.train_and_evaluate(cfg, serving.workdir, page=page)
     print("\n" + retrieve.results_table(results))
     print(f"wrote {serving.workdir}/{{{retrieve.RESULTS_FILE},{retrieve.TABLE_FILE},"
           f"{retrieve.PLOT_FILE},{retrieve.PAGE_FILE}}}")
+  if serving.diagnose:
+    report = retrieve_diagnosis.diagnose_workdir(serving.workdir, diagnosis.interventions)
+    print("\n" + retrieve_diagnosis.diagnosis_table(report))
+    print(f"wrote {serving.workdir}/{{{retrieve_diagnosis.DIAGNOSIS_FILE},"
+          f"{retrieve_diagnosis.DIAGNOSIS_TABLE}}}")
   if serving.port:
     service = retrieve_server.RetrieveService.from_workdir(serving.workdir)
     cli.serve(lambda: focus_server.make_server(service, page, serving.port), serving.port)

@@ -202,6 +202,13 @@ def baselines(cfg: RetrieveConfig, passages: int) -> dict:
 
 # ----------------------------------------------------------------------------- files
 
+def held_out_pools(size: int, distractors: int, seed: int, sc: stories.StoryConfig,
+               vocab: stories.Vocab) -> pools.PoolSet:
+  """The held-out pools of a run with `seed` (what its table is measured on; the diagnosis
+  rebuilds them from retrieve.json)."""
+  return pools.build(size, distractors, seed + 1_000_003, sc, vocab).arrays
+
+
 def _sample_record(built: pools.Pools, i: int) -> dict:
   """A test pool for the page: its text (passages separated by blank lines), question, answer
   and where the gold story and facts are."""
@@ -279,7 +286,7 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
   vocab = stories.Vocab.for_config(sc)
   # Every pool is built (and can refuse the settings) before anything is written.
   data = {d: (pools.build(cfg.train_size, d, cfg.seed, sc, vocab).arrays,
-              pools.build(cfg.test_size, d, cfg.seed + 1_000_003, sc, vocab).arrays)
+              held_out_pools(cfg.test_size, d, cfg.seed, sc, vocab))
           for d in cfg.distractors}
   shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
                       vocab)

@@ -45,13 +45,16 @@ class RetrieveServing:
   """Where the experiment's files go and whether its page is served."""
   workdir: str = option("workdirs/retrieve", "Where results, parameters and the page go.")
   port: int = option(0, "Serve the page on 127.0.0.1:PORT after training (0: don't).")
-  serve_only: bool = option(False, "Serve the model saved in --workdir without training.")
+  serve_only: bool = option(False, "Use the model saved in --workdir without training (serve "
+                            "it with --port, diagnose it with --diagnose).")
+  diagnose: bool = option(False, "Counterfactual diagnosis of the served model's retrieval and "
+                          "hop weights (--interventions): writes diagnose.json and diagnose.md.")
 
   def __post_init__(self):
     if not 0 <= self.port <= 65535:
       raise ConfigError(f"--port must be in 0..65535, got {self.port}")
-    if self.serve_only and self.port == 0:
-      raise ConfigError("--serve_only needs --port (a port to serve on)")
+    if self.serve_only and self.port == 0 and not self.diagnose:
+      raise ConfigError("--serve_only needs --port (a port to serve on) or --diagnose")
 
 
 def split_passages(text: str) -> list[list[str]]:

@@ -111,10 +111,11 @@ class RetrieveReader(nnx.Module):
     r_q = bag_of_words(self.embed_retrieval_query, question)  # [B, d]
     return attn.score("dot", None, r_q[:, None, :], r_p)[:, 0]  # [B, P]
 
-  def read(self, story, story_mask, question, temperature=1.0):
+  def read(self, story, story_mask, question, temperature=1.0, intervene=None, at=0):
     """story [B, Z, S', W], story_mask [B, Z, S'] bool, question [B, Wq] -> (log p(a|q, z)
     [B, Z, A], per-hop weights [B, Z, hops, S']). Ages restart at every story boundary of
-    S = max_sentences sentences (whole_pool concatenates stories)."""
+    S = max_sentences sentences (whole_pool concatenates stories). With `intervene`
+    (attn.inspection.interventions), hop `at` (1-based) reads with intervene(w, mask, at)."""
     cfg = self.cfg
     B, Z, T = story_mask.shape
     age = ages(story_mask.reshape(B, Z, T // cfg.max_sentences, cfg.max_sentences),
@@ -124,23 +125,30 @@ class RetrieveReader(nnx.Module):
     u = jnp.broadcast_to(bag_of_words(self.embed_question, question)[:, None],
                          (B, Z, cfg.dim))  # [B, Z, d]
     weights = []
-    for _ in range(cfg.hops):
+    for hop in range(1, cfg.hops + 1):
       o, w = attn.attend(None, u[..., None, :], m, c, score="dot", mask=story_mask[..., None, :],
                          temperature=temperature)  # [B, Z, 1, d], [B, Z, 1, S']
+      if intervene is not None and hop == at:  # the context from the replaced weights
+        w = intervene(w, story_mask[..., None, :], hop)
+        o = jnp.einsum("...qk,...kd->...qd", w, c.astype(w.dtype)).astype(o.dtype)
       u = self.hop(u) + o[..., 0, :]  # MemN2N Sec. 2.2, layer-wise tying
       weights.append(w[..., 0, :])
     logits = self.answer(u).astype(jnp.float32)  # [B, Z, A]
     return jax.nn.log_softmax(logits), jnp.stack(weights, axis=2)
 
-  def __call__(self, passages, passage_mask, question, *, key=None, temperature=1.0):
+  def __call__(self, passages, passage_mask, question, *, key=None, temperature=1.0,
+               intervene=None, at=0):
     """passages [B, P, S, W] ids; passage_mask [B, P, S] bool; question [B, Wq] ids; key: for
-    the `random` mode. top_k is capped at P."""
+    the `random` mode. top_k is capped at P. With `intervene(weights, mask, draw) -> weights`
+    (an attn.inspection.interventions entry), stage `at` runs on replaced weights: 0 p(z|q)
+    over the retrieved passages (mask: the scope), h >= 1 the reader's hop h in every passage
+    read (a whole_pool model has no stage 0)."""
     cfg = self.cfg
     mode = RETRIEVAL.get(cfg.mode)
     B, P, S, W = passages.shape
     if mode.flat:
       lp, w = self.read(passages.reshape(B, 1, P * S, W), passage_mask.reshape(B, 1, P * S),
-                        question, temperature)
+                        question, temperature, intervene, at)
       zeros = jnp.zeros((B, P), jnp.float32)
       return RetrieveOut(lp[:, 0], zeros, zeros + 1.0 / P, jnp.zeros((B, 1), jnp.int32), w, lp)
     e = self.passage_scores(passages, question)  # [B, P]
@@ -150,10 +158,12 @@ class RetrieveReader(nnx.Module):
     in_scope = retrieval_scope(select, k)  # [B, P]
     p_z = attn.normalize(logits[:, None, :], in_scope[:, None, :], "softmax",
                          temperature)[:, 0]  # [B, P]
+    if intervene is not None and at == 0:
+      p_z = intervene(p_z[:, None], in_scope[:, None], 0)[:, 0]
     idx = jax.lax.top_k(jnp.where(in_scope, select, -jnp.inf), k)[1]  # [B, k]
     take = functools.partial(jnp.take_along_axis, axis=1)
     lp, w = self.read(take(passages, idx[:, :, None, None]), take(passage_mask, idx[:, :, None]),
-                      question, temperature)  # [B, k, A], [B, k, hops, S]
+                      question, temperature, intervene, at)  # [B, k, A], [B, k, hops, S]
     log_pz = jnp.log(jnp.maximum(take(p_z, idx), 1e-30))  # [B, k]
     log_probs = jax.nn.logsumexp(log_pz[..., None] + lp, axis=1)  # [B, A]
     return RetrieveOut(log_probs, e, p_z, idx, w, lp)
