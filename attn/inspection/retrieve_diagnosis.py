@@ -27,6 +27,7 @@ import functools
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -65,9 +66,10 @@ def stages(cfg: retriever.RetrieverConfig) -> list[tuple[int, str]]:
   return retrieval + [(h, f"hop {h}") for h in range(1, cfg.hops + 1)]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8))
+@functools.partial(jax.jit, static_argnums=(0, 7))
 def _counterfactual(graphdef, state, passages, mask, question, key, draw_key, name, at):
-  """log p(a|q) [B, A] with stage `at` read through intervention `name`."""
+  """log p(a|q) [B, A] with stage `at` (traced: one program per intervention) read through
+  intervention `name`."""
   intervene = interventions_lib.get(name, draw_key)
   return nnx.merge(graphdef, state)(passages, mask, question, key=key, intervene=intervene,
                                     at=at).log_probs
@@ -83,7 +85,8 @@ def counterfactual_log_probs(model, data: pools.PoolSet, name: str, at: int, see
     p, m, q, _, _ = retrieve.batch_arrays(data, np.arange(start, min(start + batch, n)))
     key = jax.random.fold_in(jax.random.PRNGKey(seed), start)
     draw_key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), start)
-    outs.append(np.asarray(_counterfactual(graphdef, state, p, m, q, key, draw_key, name, at)))
+    outs.append(np.asarray(_counterfactual(graphdef, state, p, m, q, key, draw_key, name,
+                                           jnp.int32(at))))
   return np.concatenate(outs)
 
 

@@ -128,9 +128,10 @@ class RetrieveReader(nnx.Module):
     for hop in range(1, cfg.hops + 1):
       o, w = attn.attend(None, u[..., None, :], m, c, score="dot", mask=story_mask[..., None, :],
                          temperature=temperature)  # [B, Z, 1, d], [B, Z, 1, S']
-      if intervene is not None and hop == at:  # the context from the replaced weights
-        w = intervene(w, story_mask[..., None, :], hop)
-        o = jnp.einsum("...qk,...kd->...qd", w, c.astype(w.dtype)).astype(o.dtype)
+      if intervene is not None:  # at hop `at` (traced: one program for every stage)
+        w = jnp.where(hop == at, intervene(w, story_mask[..., None, :], hop), w)
+        o = jnp.where(hop == at, jnp.einsum("...qk,...kd->...qd", w, c.astype(w.dtype)
+                                            ).astype(o.dtype), o)
       u = self.hop(u) + o[..., 0, :]  # MemN2N Sec. 2.2, layer-wise tying
       weights.append(w[..., 0, :])
     logits = self.answer(u).astype(jnp.float32)  # [B, Z, A]
@@ -140,7 +141,8 @@ class RetrieveReader(nnx.Module):
                intervene=None, at=0):
     """passages [B, P, S, W] ids; passage_mask [B, P, S] bool; question [B, Wq] ids; key: for
     the `random` mode. top_k is capped at P. With `intervene(weights, mask, draw) -> weights`
-    (an attn.inspection.interventions entry), stage `at` runs on replaced weights: 0 p(z|q)
+    (an attn.inspection.interventions entry), stage `at` (an int, may be traced) runs on
+    replaced weights: 0 p(z|q)
     over the retrieved passages (mask: the scope), h >= 1 the reader's hop h in every passage
     read (a whole_pool model has no stage 0)."""
     cfg = self.cfg
@@ -158,8 +160,8 @@ class RetrieveReader(nnx.Module):
     in_scope = retrieval_scope(select, k)  # [B, P]
     p_z = attn.normalize(logits[:, None, :], in_scope[:, None, :], "softmax",
                          temperature)[:, 0]  # [B, P]
-    if intervene is not None and at == 0:
-      p_z = intervene(p_z[:, None], in_scope[:, None], 0)[:, 0]
+    if intervene is not None:
+      p_z = jnp.where(at == 0, intervene(p_z[:, None], in_scope[:, None], 0)[:, 0], p_z)
     idx = jax.lax.top_k(jnp.where(in_scope, select, -jnp.inf), k)[1]  # [B, k]
     take = functools.partial(jnp.take_along_axis, axis=1)
     lp, w = self.read(take(passages, idx[:, :, None, None]), take(passage_mask, idx[:, :, None]),
