@@ -134,16 +134,18 @@ def gradient_x_input(model, inputs, lengths, explained):
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def analyze_batch(graphdef, params, inputs, lengths, key, interventions, num_layers):
   """Per user of one batch: logits [B, V], attention [B, T] (final position, last block, head
-  average), gxi [B, T], tau [B]; per intervention `name` the counterfactual logits
+  average), by_block [B, L, T] (each block's), gxi [B, T], tau [B] and tau_by_block [B, L]
+  (attention vs |gxi|); per intervention `name` the counterfactual logits
   `{name}/all` and, with more than one block, `{name}/layer{l}` [B, V]."""
   model = nnx.merge(graphdef, params)
   logits, w = _final_logits(model, inputs, lengths)
   rows, last = jnp.arange(inputs.shape[0]), jnp.maximum(lengths - 1, 0)
-  att = w[:, -1].mean(axis=1)[rows, last]  # [B, T]
+  by_block = w.mean(axis=2)[rows, :, last]  # [B, L, T]
   mask = jnp.arange(inputs.shape[1])[None] < lengths[:, None]
   gxi = gradient_x_input(model, inputs, lengths, jnp.argmax(logits, axis=-1))
-  out = {"logits": logits, "attention": att, "gxi": gxi,
-         "tau": measures.kendall_tau(att, jnp.abs(gxi), mask)}
+  out = {"logits": logits, "attention": by_block[:, -1], "by_block": by_block, "gxi": gxi,
+         "tau": measures.kendall_tau(by_block[:, -1], jnp.abs(gxi), mask),
+         "tau_by_block": measures.kendall_tau(by_block, jnp.abs(gxi)[:, None], mask[:, None])}
   sets = {"all": tuple(range(num_layers))}
   if num_layers > 1:
     sets.update({f"layer{l}": (l,) for l in range(num_layers)})
@@ -220,13 +222,20 @@ def _report(run, split, seed, users, interventions) -> dict:
       "hr10": real["hr10"], "ndcg10": real["ndcg10"], "median_rank": real["median_rank"],
       "attention": {"read": "final position, last block, head average",
                     "on_trigger_mean": float(np.mean(att[planted, gold[planted]])),
-                    "argmax_is_trigger": hit(att), "n_planted": int(planted.sum())},
+                    "argmax_is_trigger": hit(att), "n_planted": int(planted.sum()),
+                    "on_trigger_by_block": [float(np.mean(b[planted, gold[planted]]))
+                                            for b in np.moveaxis(users["by_block"], 1, 0)],
+                    "argmax_is_trigger_by_block": [
+                        hit(b) for b in np.moveaxis(users["by_block"], 1, 0)]},
       "attribution": {"method": "gradient_x_input", "input": "history item embeddings",
                       "explained": "the item ranked first at the final position",
                       "kendall_tau": _tau_summary(users["tau"], n),
                       "top1_agreement": float(np.mean(np.argmax(att, 1) ==
                                                       np.argmax(np.abs(gxi), 1))),
-                      "argmax_is_trigger": hit(gxi)},
+                      "argmax_is_trigger": hit(gxi),
+                      "kendall_tau_mean_by_block": [
+                          float(np.nanmean(t)) for t in np.moveaxis(users["tau_by_block"], 1, 0)
+                      ]},
       "counterfactual_layers": "every block's final-position row at once",
       "counterfactual": {name: _cf_summary(users, f"{name}/all", real) for name in interventions},
       "counterfactual_by_layer": None if mc.num_blocks == 1 else {
@@ -242,10 +251,13 @@ def format_table(report) -> str:
   lines = [f"{report['model']['kind']} on {report['split']}: {report['n_users']} users, HR@10 "
            f"{report['hr10']:.3f}, NDCG@10 {report['ndcg10']:.3f}",
            f"attention ({a['read']}): on the trigger {a['on_trigger_mean']:.3f}, argmax is the "
-           f"trigger {a['argmax_is_trigger']:.3f}",
+           f"trigger {a['argmax_is_trigger']:.3f}; by block, on the trigger " + ", ".join(
+               f"{v:.3f}" for v in a["on_trigger_by_block"]) + ", argmax " + ", ".join(
+               f"{v:.3f}" for v in a["argmax_is_trigger_by_block"]),
            f"gradient x input: argmax is the trigger {g['argmax_is_trigger']:.3f}; Kendall "
            f"tau(attention, |gxi|) mean {kt.get('mean', float('nan')):.3f} over {kt['n_steps']} "
-           f"users, top-1 agreement {g['top1_agreement']:.3f}", "",
+           f"users, top-1 agreement {g['top1_agreement']:.3f}; mean tau by block " + ", ".join(
+               f"{v:.3f}" for v in g["kendall_tau_mean_by_block"]), "",
            f"interventions ({report['counterfactual_layers']}):"]
   lines.append(markdown_table(
       ["intervention", "HR@10", "NDCG@10", "median rank", "target log p change", "top-1 flips",
