@@ -15,6 +15,7 @@ import pytest
 import scipy.stats
 from flax import nnx
 
+from attn.errors import ConfigError
 from attn.inspection import interventions
 from attn.inspection import recommend_diagnosis as rd
 from attn.models import recommenders
@@ -114,6 +115,19 @@ def test_a_tiny_run_is_diagnosed_and_the_agreement_is_scipys_kendall_tau(tiny_ru
   path, plots, table = diagnose.DIAGNOSES.get("recommend")(settings, str(tmp_path), "recommend")
   assert json.load(open(path))["n_users"] == 20 and "zero_top" in table
   assert all((tmp_path / p).exists() for p in plots)
+  with pytest.raises(ConfigError, match="--split=train: a recommend run is diagnosed on test or "
+                     "valid"):
+    rd.diagnose(rd.load_run(tiny_run), split="train")
+
+
+def test_integrated_gradients_are_refused_for_a_recommend_run(tmp_path):
+  from experiments import diagnose
+  from attn.inspection.diagnosis import DiagnoseSettings
+  with pytest.raises(ConfigError, match=r"^--ig_steps=8: integrated gradients are not "
+                     "implemented for recommend runs; leave it at 0$"):
+    diagnose.DIAGNOSES.get("recommend")(DiagnoseSettings(workdir=str(tmp_path), ig_steps=8),
+                                        str(tmp_path), "recommend")
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_run_without_attention_is_refused_in_one_line_naming_its_kind(tmp_path):
