@@ -1,50 +1,92 @@
-r"""Can this run's attention be read as an explanation? Diagnose a finished seq2seq run.
+r"""Can this run's attention be read as an explanation? Diagnose a finished run.
 
     python -m experiments.diagnose --workdir=workdirs/demo/decoder=bahdanau
+    python -m experiments.diagnose --workdir=workdirs/rec_sasrec --max_examples=2000
 
-Loads the best checkpoint of a finished run (experiments/translate.py or summarize.py),
-greedy-decodes the first --max_examples examples of --split and writes into the workdir (or
---out=DIR; a run directory that cannot be written to is refused before any work, in one line
-saying to pass --out): diagnose.json (attention entropy, AER / attention-on-gold and their
-one-position-shifted readings on built-in tasks, Kendall tau between the attention and gradient
-x input, the counterfactual interventions permute / uniform / zero_top) and
+The run's recorded experiment (attn.launching.entry_points.experiment_of) picks the diagnosis
+from DIAGNOSES; every experiment without its own entry is a seq2seq task (translate,
+summarize, caption).
+
+Seq2seq: loads the best checkpoint of a finished run (experiments/translate.py or
+summarize.py), greedy-decodes the first --max_examples examples of --split and writes into the
+workdir (or --out=DIR; a run directory that cannot be written to is refused before any work, in
+one line saying to pass --out): diagnose.json (attention entropy, AER / attention-on-gold and
+their one-position-shifted readings on built-in tasks, Kendall tau between the attention and
+gradient x input, the counterfactual interventions permute / uniform / zero_top) and
 diagnose_entropy.png, diagnose_tau.png, diagnose_counterfactual.png; prints a short table. A
 Transformer run also gets entropy and the gold-alignment scores per layer and head
 (diagnose.json "heads", diagnose_heads.png); its counterfactuals replace the cross-attention of
 every layer and head at one output step, and then of each layer alone. See
 attn/inspection/diagnosis.py for the definitions. A workdir that is not a finished run, a run
 without attention (decoder=none), or a pointer-generator (its output also copies the attention
-weights, which the measures do not describe) exits with status 2 and one `error:` line. The
-flags are the fields of attn.inspection.diagnosis.DiagnoseSettings.
+weights, which the measures do not describe) exits with status 2 and one `error:` line.
+
+Recommend (experiments/recommend.py, model.kind=sasrec): the first --max_examples users of
+--split (test or valid); the final position's attention (last block, head average) against
+gradient x input over the history items and the planted trigger, and the final position's
+attention row replaced by each intervention in every block at once, then in each block alone:
+the held-out item's log-probability and rank, HR@10, NDCG@10 (attn/inspection/
+recommend_diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
+meanpool or gru run is refused in one line naming its model.kind; --ig_steps is seq2seq only.
+
+The flags are the fields of attn.inspection.diagnosis.DiagnoseSettings.
 """
 
 import os
 
 from absl import flags
 
+from attn.errors import ConfigError
 from attn.inspection import outputs
 from attn.inspection.diagnosis import DiagnoseSettings
 from attn.launching import cli, entry_points, launchers
+from attn.registry import Registry
+
+# experiment name -> diagnose(settings, out, experiment) -> (report path, plot paths, table)
+DIAGNOSES = Registry("diagnosed experiment", error=ConfigError)
+SEQ2SEQ = "seq2seq"  # the entry of every experiment without its own
+
+
+@DIAGNOSES.register(SEQ2SEQ)
+def _seq2seq(settings, out, experiment):
+  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
+  from attn import training
+  from attn.inspection import diagnosis, diagnosis_report
+  res, _ = launchers.read_record(os.path.join(settings.workdir, "results.json"))
+  diagnosis.check_model(settings.workdir, (res or {}).get("model_config") or {})  # before loading
+  run = training.load_run(settings.workdir, task=experiment)
+  diag = diagnosis.diagnose(run, split=settings.split, max_examples=settings.max_examples,
+                            seed=settings.seed, interventions=settings.interventions,
+                            ig_steps=settings.ig_steps)
+  os.makedirs(out, exist_ok=True)
+  path = diagnosis_report.write(diag, out)
+  return path, diagnosis_report.plots_of(diag.report), diagnosis_report.format_table(diag.report)
+
+
+@DIAGNOSES.register("recommend")
+def _recommend(settings, out, experiment):
+  del experiment
+  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
+  from attn.inspection import recommend_diagnosis as rd
+  if settings.ig_steps:
+    raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
+                      "implemented for recommend runs; leave it at 0")
+  diag = rd.diagnose(rd.load_run(settings.workdir), split=settings.split,
+                     max_examples=settings.max_examples, seed=settings.seed,
+                     interventions=settings.interventions)
+  os.makedirs(out, exist_ok=True)
+  return rd.write(diag, out), rd.PLOTS, rd.format_table(diag.report)
 
 
 def main(argv):
   del argv
   settings = cli.settings_from_flags(DiagnoseSettings)
   out = outputs.output_dir(settings.out, settings.workdir, "diagnose.json and its plots")
-  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn import training
-  from attn.inspection import diagnosis, diagnosis_report
-  res, _ = launchers.read_record(os.path.join(settings.workdir, "results.json"))
-  diagnosis.check_model(settings.workdir, (res or {}).get("model_config") or {})  # before loading
-  task = entry_points.experiment_of(settings.workdir) or "translate"  # it trains its own task
-  run = training.load_run(settings.workdir, task=task)
-  diag = diagnosis.diagnose(run, split=settings.split, max_examples=settings.max_examples,
-                            seed=settings.seed, interventions=settings.interventions,
-                            ig_steps=settings.ig_steps)
-  os.makedirs(out, exist_ok=True)
-  path = diagnosis_report.write(diag, out)
-  print(diagnosis_report.format_table(diag.report))
-  print(f"\nwrote {path} and {', '.join(diagnosis_report.plots_of(diag.report))}")
+  experiment = entry_points.experiment_of(settings.workdir) or "translate"  # its own task
+  diagnose = DIAGNOSES.get(experiment if experiment in DIAGNOSES else SEQ2SEQ)
+  path, plots, table = diagnose(settings, out, experiment)
+  print(table)
+  print(f"\nwrote {path} and {', '.join(plots)}")
 
 
 if __name__ == "__main__":

@@ -157,7 +157,11 @@ class SASRec(_Base):
       return self.mlp(x)
     return self.ffns_out[l](jax.nn.gelu(self.ffns_in[l](x)))
 
-  def __call__(self, inputs, lengths, dropout_key=None):
+  def __call__(self, inputs, lengths, dropout_key=None, *, embed_offset=None, reweigh=None):
+    """embed_offset: [B, T, d] added to the item embeddings (the point where the diagnosis
+    takes gradients). reweigh: (weights [B, H, T, T], mask [B, 1, T, T], layer) -> weights'
+    (both in the left-padded frame, where every history ends at position T - 1): each block's
+    output is recomputed with the weights it returns (the returned `w` stays the real one)."""
     cfg = self.cfg
     T = inputs.shape[-1]
     # SASRec left-pads: inside the blocks each history ends at position T - 1, so a learned
@@ -170,12 +174,17 @@ class SASRec(_Base):
     # query i sees keys j <= i of its own history; padded queries see nothing (zero weights).
     mask = attn.masks.causal_mask(T, T)[None] & valid[:, None, :] & valid[:, :, None]  # [B, T, T]
     items = jnp.take_along_axis(inputs, to_left, axis=1)
-    x = self.drop(self.items(items) + self.positions[...][cfg.max_len - T:], dropout_key, 0)
+    e = self.items(items)
+    if embed_offset is not None:
+      e = e + jnp.take_along_axis(embed_offset, to_left[..., None], axis=1)
+    x = self.drop(e + self.positions[...][cfg.max_len - T:], dropout_key, 0)
     weights = []
     for l in range(cfg.num_blocks):
-      y, w = attn.multihead(values(self.attn_params[l]), self.norms[2 * l](x),
-                            num_heads=cfg.num_heads, score=cfg.score,
+      p, xn = values(self.attn_params[l]), self.norms[2 * l](x)
+      y, w = attn.multihead(p, xn, num_heads=cfg.num_heads, score=cfg.score,
                             normalizer=cfg.normalizer, mask=mask)  # [B, T, d], [B, H, T, T]
+      if reweigh is not None:
+        y = y + _reweighed_change(p, xn, reweigh(w, mask[:, None], l) - w)
       x = x + self.drop(y, dropout_key, 2 * l + 1)
       x = x + self.drop(self._block_mlp(l, self.norms[2 * l + 1](x)), dropout_key, 2 * l + 2)
       weights.append(w)
@@ -184,6 +193,15 @@ class SASRec(_Base):
     w = jnp.take_along_axis(w, to_right[:, None, None, :, None], axis=3)
     w = jnp.take_along_axis(w, to_right[:, None, None, None, :], axis=4)
     return h, w  # both in the inputs' (right-padded) frame
+
+
+def _reweighed_change(params, x, dw):
+  """How attn.multihead's output moves when its weights change by dw [B, H, T, T]: the output
+  is linear in the weights (sum_h (w_h V_h) W_o,h), so the change is (dw V) W_o, exactly 0 for
+  dw = 0. x: [B, T, d] (the block's normalized input: keys and values)."""
+  v = jnp.einsum("btd,dhe->bhte", x, params["wv"].astype(x.dtype))
+  ctx = jnp.einsum("bhqk,bhke->bhqe", dw.astype(v.dtype), v)
+  return jnp.einsum("bhte,hed->btd", ctx, params["wo"].astype(ctx.dtype)).astype(x.dtype)
 
 
 def build(cfg: RecommenderConfig, seed: int = 0):
