@@ -283,14 +283,14 @@ def _report(run, split, seed, n_examples, exact_match, steps, align, interventio
       "entropy": _entropy_summary(steps),
       "alignment": None,
       "attribution": {"method": "gradient_x_input",
-                      "kendall_tau": _tau_summary(steps["tau"], steps["n_src"]),
+                      "kendall_tau": tau_summary(steps["tau"], steps["n_src"]),
                       "top1_agreement": float(np.mean(steps["top1_agree"]))},
       "integrated_gradients": None,
       "counterfactual": {name: _cf_summary(steps, name) for name in interventions},
   }
   if ig_steps:
     report["integrated_gradients"] = {"steps": ig_steps, "baseline": "zero embedding",
-                                      "kendall_tau": _tau_summary(steps["tau_ig"], steps["n_src"])}
+                                      "kendall_tau": tau_summary(steps["tau_ig"], steps["n_src"])}
   if align["w"]:
     report["alignment"] = _alignment_pooled(align)
   if "head_entropy" in steps:
@@ -313,7 +313,7 @@ def _entropy_summary(steps) -> dict:
           "histogram": _histogram(h, 20, (0.0, hi))}
 
 
-def _tau_summary(tau, n_src, min_tokens=3) -> dict:
+def tau_summary(tau, n_src, min_tokens=3) -> dict:
   """Kendall tau over the steps with at least `min_tokens` valid source tokens and a defined tau."""
   long_enough = n_src >= min_tokens
   ok = long_enough & np.isfinite(tau)

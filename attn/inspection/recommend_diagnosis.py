@@ -37,7 +37,7 @@ from attn.errors import ConfigError
 from attn.evaluation import ranking
 from attn.inspection import interventions as interventions_lib
 from attn.inspection import measures
-from attn.inspection.diagnosis import DiagnosisError, _tau_summary
+from attn.inspection.diagnosis import DiagnosisError, tau_summary
 from attn.training import workdir as workdir_lib
 
 K = 10  # HR@K, NDCG@K
@@ -229,7 +229,7 @@ def _report(run, split, seed, users, interventions) -> dict:
                         hit(b) for b in np.moveaxis(users["by_block"], 1, 0)]},
       "attribution": {"method": "gradient_x_input", "input": "history item embeddings",
                       "explained": "the item ranked first at the final position",
-                      "kendall_tau": _tau_summary(users["tau"], n),
+                      "kendall_tau": tau_summary(users["tau"], n),
                       "top1_agreement": float(np.mean(np.argmax(att, 1) ==
                                                       np.argmax(np.abs(gxi), 1))),
                       "argmax_is_trigger": hit(gxi),
