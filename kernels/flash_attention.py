@@ -57,7 +57,7 @@ _F32 = jnp.float32
 # Defaults per implementation. GPU: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
 GPU_BLOCKS = BlockSizes(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
 # TPU: multiples of the 128-wide lanes and MXU, larger than the 128 of JAX's own TPU flash
-# attention (`BlockSizes.get_default`, marked "TODO: better parameters") to amortize the fixed
+# attention (`BlockSizes.get_default`, which its source calls provisional) to amortize the fixed
 # cost of each grid step; the backward's tiles are halved since it keeps four [bq, bk] float32
 # tiles (S, P, dP, dS) live. Every d up to 256 in float32 compiles within v5e's 16 MiB of scoped
 # VMEM at T = 16k (libtpu, deviceless); untimed on a TPU.

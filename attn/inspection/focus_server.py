@@ -52,9 +52,24 @@ class BadRequest(DataError):
   """A query the page should show as a message (HTTP 400)."""
 
 
-def _bucket(n: int, step: int = 8) -> int:
+def bucket(n: int, step: int = 8) -> int:
   """Pads word axes to a multiple of `step`, so typed stories reuse a few compiled shapes."""
   return max(step, -(-n // step) * step)
+
+
+def check_query(temperature, question: str | None, example: str) -> float:
+  """The temperature as a float in TEMPERATURE_RANGE, and a question with at least one word;
+  BadRequest naming what is wrong (`example`: a question to suggest) otherwise."""
+  try:
+    temperature = float(temperature)
+  except (TypeError, ValueError):
+    raise BadRequest(f"temperature must be a number, got {temperature!r}") from None
+  lo, hi = TEMPERATURE_RANGE
+  if not (math.isfinite(temperature) and lo <= temperature <= hi):
+    raise BadRequest(f"temperature must lie in [{lo:g}, {hi:g}], got {temperature:g}")
+  if not stories.tokenize(question or ""):
+    raise BadRequest(f"the question is empty: type one, e.g. \"{example}\"")
+  return temperature
 
 
 class FocusService:
@@ -104,15 +119,7 @@ class FocusService:
     if normalizer not in self.models:
       raise BadRequest(f"normalizer {normalizer!r} was not trained here; trained: "
                        f"{', '.join(self.models)}")
-    try:
-      temperature = float(temperature)
-    except (TypeError, ValueError):
-      raise BadRequest(f"temperature must be a number, got {temperature!r}") from None
-    lo, hi = TEMPERATURE_RANGE
-    if not (math.isfinite(temperature) and lo <= temperature <= hi):
-      raise BadRequest(f"temperature must lie in [{lo:g}, {hi:g}], got {temperature:g}")
-    if not stories.tokenize(question or ""):
-      raise BadRequest("the question is empty: type one, e.g. \"Where is Mary?\"")
+    temperature = check_query(temperature, question, example="Where is Mary?")
     sentences = stories.split_sentences(story or "")
     if not sentences:
       raise BadRequest("the story is empty: pick a sample story or type sentences, one per line")
@@ -121,8 +128,8 @@ class FocusService:
                        f"stories of at most {self.max_sentences}")
     ids = [self.vocab.encode(s) for s in sentences]
     q_ids = self.vocab.encode(question)
-    x, mask = stories.pad_stories([ids], self.max_sentences, _bucket(max(map(len, ids))))
-    q = stories.pad_questions([q_ids], _bucket(len(q_ids)))
+    x, mask = stories.pad_stories([ids], self.max_sentences, bucket(max(map(len, ids))))
+    q = stories.pad_questions([q_ids], bucket(len(q_ids)))
     with self._lock:
       out = reader.read(*self.models[normalizer], x, mask, q, temperature)
       log_probs, w, e = (np.asarray(a[0], np.float64) for a in out)

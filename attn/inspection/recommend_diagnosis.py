@@ -64,7 +64,7 @@ def load_run(workdir: str):
   from attn.data import interactions  # pylint: disable=import-outside-toplevel
   from attn.models import recommenders  # pylint: disable=import-outside-toplevel
   from attn.training import recommendation as rec  # pylint: disable=import-outside-toplevel
-  from attn.training.checkpoints import Checkpoints  # pylint: disable=import-outside-toplevel
+  from attn.training import checkpoints  # pylint: disable=import-outside-toplevel
   res, why = _read(os.path.join(workdir, "results.json"))
   if res is None or "hr10" not in res:
     raise workdir_lib.WorkdirError(
@@ -79,12 +79,7 @@ def load_run(workdir: str):
   optimizer = nnx.Optimizer(model, rec.make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   run = rec.RecRun(workdir, dc, mc, tc, graphdef, state)
-  ckpt = Checkpoints(workdir)
-  try:
-    if not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
-      raise workdir_lib.WorkdirError(f"{workdir} holds no checkpoint to restore")
-  finally:
-    ckpt.close()
+  checkpoints.restore_for_reading(workdir, run)
   return run, interactions.leave_one_out(interactions.generate(dc))
 
 

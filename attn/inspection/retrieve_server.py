@@ -14,7 +14,6 @@ the top k) and the reader's earlier hops.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import threading
@@ -28,7 +27,7 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import stories
 from attn.inspection.focus import TEMPERATURE_RANGE
-from attn.inspection.focus_server import BadRequest, _bucket  # pylint: disable=protected-access
+from attn.inspection.focus_server import BadRequest, bucket, check_query
 from attn.inspection.retrieve import MODEL_FILE, SERVED_PARAMS
 from attn.models import reader, retriever
 
@@ -94,15 +93,7 @@ class RetrieveService:
             "temperature_range": list(TEMPERATURE_RANGE), "samples": self.samples}
 
   def _check(self, story, question, temperature) -> tuple[list[list[str]], float]:
-    try:
-      temperature = float(temperature)
-    except (TypeError, ValueError):
-      raise BadRequest(f"temperature must be a number, got {temperature!r}") from None
-    lo, hi = TEMPERATURE_RANGE
-    if not (math.isfinite(temperature) and lo <= temperature <= hi):
-      raise BadRequest(f"temperature must lie in [{lo:g}, {hi:g}], got {temperature:g}")
-    if not stories.tokenize(question or ""):
-      raise BadRequest("the question is empty: type one, e.g. \"Where is the apple?\"")
+    temperature = check_query(temperature, question, example="Where is the apple?")
     passages = split_passages(story)
     if not passages:
       raise BadRequest("the pool is empty: pick a sample pool or type stories separated by "
@@ -121,8 +112,8 @@ class RetrieveService:
     ids = [[self.vocab.encode(s) for s in p] for p in passages]
     q_ids = self.vocab.encode(question)
     S = self.cfg.max_sentences
-    x, mask = stories.pad_stories(ids, S, _bucket(max(len(s) for p in ids for s in p)))
-    q = stories.pad_questions([q_ids], _bucket(len(q_ids)))
+    x, mask = stories.pad_stories(ids, S, bucket(max(len(s) for p in ids for s in p)))
+    q = stories.pad_questions([q_ids], bucket(len(q_ids)))
     with self._lock:
       out = retriever.apply(*self.model, x[None], mask[None], q,
                              jax.random.PRNGKey(0), temperature)

@@ -22,6 +22,7 @@ import os
 import jax
 
 from attn.errors import AttnError
+from attn.training.workdir import WorkdirError
 
 
 class CheckpointError(AttnError):
@@ -135,3 +136,14 @@ def graft(current, restored):
   old = _by_path(restored)
   return jax.tree_util.tree_map_with_path(
       lambda p, x: old.get(jax.tree_util.keystr(p), x), current)
+
+
+def restore_for_reading(workdir: str, run) -> None:
+  """Restores a finished run's best checkpoint (else its latest) into `run`, for the tools that
+  read a run without training it; a WorkdirError when `workdir` holds neither."""
+  ckpt = Checkpoints(workdir)
+  try:
+    if not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
+      raise WorkdirError(f"{workdir} holds no checkpoint to restore")
+  finally:
+    ckpt.close()

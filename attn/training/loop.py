@@ -35,7 +35,7 @@ from attn.training import evaluation
 from attn.training import resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
-from attn.training.checkpoints import Checkpoints
+from attn.training.checkpoints import Checkpoints, restore_for_reading
 from attn.training.config import TrainConfig, make_optimizer, migrate_config
 from attn.training.metrics_log import MetricsWriter
 from attn.training.task import Task, get_task
@@ -217,12 +217,7 @@ def load_run(workdir, task: Task | str = "translate") -> Run:
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(migrate_config(json.load(f)))
   run = _build_run(config, workdir, task, validate_config(config, task), record=False)
-  ckpt = Checkpoints(workdir)
-  try:
-    if not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
-      raise workdir_lib.WorkdirError(f"{workdir} holds no checkpoint to restore")
-  finally:
-    ckpt.close()
+  restore_for_reading(workdir, run)
   nnx.update((run.model, run.optimizer), run.state)
   return run
 
