@@ -179,9 +179,12 @@ def _bench_table(log: str) -> dict:
 
 
 def _decode(result: dict) -> dict:
-  return {"sentences": result["sentences"],
-          **{f"beam{r['beam_size']}": {"decode_s": r["decode_s"], "bleu": r["bleu"]}
-             for r in result["results"]}}
+  """{sentences, beam<k>: {decode_s, bleu, and the other numbers the decoder reports}}."""
+  beams = {f"beam{r['beam_size']}": {k: v for k, v in r.items() if isinstance(v, (int, float))}
+           for r in result["results"]}
+  for figures in beams.values():
+    figures["decode_s"], figures["bleu"] = float(figures["decode_s"]), float(figures["bleu"])
+  return {"sentences": result["sentences"], **beams}
 
 
 def _translate(result: dict) -> dict:
