@@ -303,6 +303,20 @@ def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+NOTES = """\
+- JoeyNMT's training rate is its own loop's timing of each update (logging every step, no
+  validation): fetching and collating the batch included, the first 5 updates left out.
+  bench_train times our compiled step on batches already loaded; experiments.translate's steady
+  rate is our whole training loop, data loading included.
+- Target tokens count EOS and leave padding out, on both sides.
+- Decoding: JoeyNMT's seconds are its "Generation took" (the decoding loop, vocabularies, data
+  and model already loaded); ours are bench_decode's timed pass after an untimed one that
+  compiles every batch shape. BLEU: sacreBLEU 13a, case-insensitive, of detokenized outputs
+  against the raw references, on both sides; both peer brackets decode the first one's model.
+- "ours vs mean(JoeyNMT)": ours over the mean of the two peer brackets for a rate, their mean
+  time over ours for seconds (both read "x as fast"), ours less their mean for BLEU."""
+
+
 def write_outputs(s: Settings, records: dict) -> str:
   """<out>/sitting.md and <out>/sitting.json from the records; returns the table."""
   rows = peer_table.rows_for(s.compute_dtypes, s.beam_sizes, s.steps, bool(s.transformer_steps))
@@ -311,7 +325,8 @@ def write_outputs(s: Settings, records: dict) -> str:
   first = min((r["started"] for r in records.values()), default="")
   text = (f"# JoeyNMT, ours, JoeyNMT: one sitting\n\nStages from {first} on "
           f"{os.cpu_count()} CPUs; every figure with the 1-minute load average at the start of "
-          f"its stage (the per-stage records, commands and logs: stages/, logs/).\n\n{table}\n")
+          f"its stage (the per-stage records, commands and logs: stages/, logs/).\n\n{table}\n"
+          f"\n{NOTES}\n")
   files.write_text(os.path.join(s.out, "sitting.md"), text)
   files.write_json(os.path.join(s.out, "sitting.json"),
                    {"settings": dataclasses.asdict(s), "rows": evaluated, "stages": records})
