@@ -155,7 +155,8 @@ def prepare_data(data_dir: str, work: str) -> str:
 
 
 def loadavg() -> str:
-  return "/".join(f"{x:.2f}" for x in os.getloadavg())
+  """The 1/5/15-minute load averages, written as the project's harness writes them."""
+  return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def summarize_steps(seconds: list[float], tokens: list[int], warmup: int = WARMUP_STEPS) -> dict:
