@@ -235,6 +235,7 @@ def test_the_table_compares_ours_with_the_mean_of_the_two_peer_brackets():
        ["2.10", "2.30", "2.50"]),
       ("RNN decoding the test split, beam 5: seconds", "3.00x", ["1.0", "1.5", "2.0"]),
       ("RNN test BLEU after 200 steps, beam 5", "+1.50", ["1.0", "1.5", "2.0"])]
+  assert peer_table.MEASURES["score"].versus(0.021, 0.02) == "+0.00"
   table = peer_table.markdown(got).splitlines()
   assert table[2] == ("| RNN training, target tokens/s (ours: bench_train, float32) | 1,000 | "
                       "3,300 | 1,200 | 3.00x | 2.10 / 2.30 / 2.50 |")

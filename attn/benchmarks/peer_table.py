@@ -24,7 +24,8 @@ MEASURES = {
     # lower is better: the peer's time over ours, so that this too reads "x as fast"
     "seconds": Measure(lambda v: f"{v:.1f}", lambda mean, ours: f"{mean / ours:.2f}x"),
     # a score: the difference
-    "score": Measure(lambda v: f"{v:.2f}", lambda mean, ours: f"{ours - mean:+.2f}"),
+    "score": Measure(lambda v: f"{v:.2f}",
+                     lambda mean, ours: f"{round(ours - mean, 2) + 0.0:+.2f}"),  # no "-0.00"
 }
 
 
