@@ -1,0 +1,347 @@
+"""The sitting against JoeyNMT (entry point: experiments/bench_peer.py): the peer, ours, the peer
+again, on the same machine in one command, so that load from other jobs shows as a difference
+between the two peer brackets instead of hiding in the ratio.
+
+Stages, in order (each a subprocess whose output goes to <out>/logs/<stage>.log):
+  peer_rnn               JoeyNMT's RNN, `steps` updates (peers/joeynmt_peer.py, the peer's venv)
+  peer_rnn_decode        its model decodes the test split (greedy, beam 5)
+  ours_rnn_bench         experiments.bench_train at JoeyNMT's sizes (float32, bfloat16)
+  ours_rnn_train         experiments.translate at JoeyNMT's sizes, the same `steps`, 128 sentences
+  ours_rnn_decode        experiments.bench_decode of that run (greedy, beam 5)
+  peer_rnn_again         JoeyNMT's RNN again, `again_steps` updates of a fresh model
+  peer_rnn_decode_again  the first bracket's model decodes again
+  peer_tfm, ours_tfm_bench, peer_tfm_again   the same bracket for the Transformer's rate
+Each finished stage leaves <out>/stages/<stage>.json: its command, load averages, wall time and
+figures. Rerunning with the same --out skips the leading stages that finished with the same
+command; from the first stage that runs, every later one runs again, so that a sitting's
+figures come from one stretch. The table (<out>/sitting.md) and <out>/sitting.json are built
+from those records alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from attn.benchmarks import harness, peer_table
+from attn.common import files
+from attn.config.configurable import option
+from attn.errors import AttnError, ConfigError
+from attn.registry import Registry
+
+PEER_SCRIPT = os.path.join("peers", "joeynmt_peer.py")
+PEER_SETUP = ("python3 -m venv .peer-venv && .peer-venv/bin/python -m pip install -r "
+              "peers/requirements.txt")
+TRANSLATE_CONFIG = "experiments/configs/translate.py"
+# Ours at JoeyNMT's sizes: its encoder (512 a direction) and attention width on the preset.
+JOEY_SIZES = ("--config.model.rnn.decoder=bahdanau", "--config.model.rnn.enc_hidden=512",
+              "--config.model.rnn.d_attn=512")
+DATA_FILES = tuple(f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
+                   for lang in ("de", "en"))
+
+
+class StageFailed(AttnError):
+  """A stage's command failed: which stage, its exit status and where its log is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The sitting's settings (experiments/bench_peer.py's flags)."""
+  out: str = option("workdirs/peer_sitting", "Records, logs, JoeyNMT's and our runs, the table.")
+  peer_python: str = option(".peer-venv/bin/python", "The peer's interpreter (torch, joeynmt): "
+                            f"made by `{PEER_SETUP}`.")
+  data_dir: str = option("", "The multi30k folder ('' = $ATTN_SHARED_DATA/multi30k, else "
+                         "../shared/data/multi30k).")
+  steps: int = option(200, "RNN training steps of the first peer bracket and of ours (BLEU "
+                      "after equal steps).")
+  again_steps: int = option(40, "RNN steps of the peer's second bracket (its rate only).")
+  transformer_steps: int = option(40, "Steps of each Transformer peer bracket; 0 = no "
+                                  "Transformer brackets.")
+  bench_steps: int = option(20, "bench_train: timed batches per dtype and round.")
+  bench_rounds: int = option(2, "bench_train: rounds over the dtypes.")
+  compute_dtypes: tuple[str, ...] = option(("float32", "bfloat16"), "bench_train's dtypes.")
+  beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes decoded (1 = greedy).")
+  warmup_steps: int = option(0, "Our run's warm-up steps; 0 = the multi30k preset's share of "
+                             "its steps, scaled to --steps.")
+
+  def __post_init__(self):
+    for name in ("steps", "again_steps", "bench_steps", "bench_rounds"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"--{name}={getattr(self, name)} must be >= 1")
+    for name in ("transformer_steps", "warmup_steps"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"--{name}={getattr(self, name)} must be >= 0")
+    if not self.beam_sizes or min(self.beam_sizes) < 1:
+      raise ConfigError(f"--beam_sizes={','.join(map(str, self.beam_sizes))}: each must be >= 1")
+    if not self.compute_dtypes:
+      raise ConfigError("--compute_dtypes: name at least one")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One subprocess of the sitting. kind: how its figures are read (READERS); output: the file
+  they are read from ('' = its log); fresh: a folder removed before it runs (no resuming)."""
+  name: str
+  kind: str
+  command: tuple[str, ...]
+  output: str = ""
+  fresh: str = ""
+
+
+def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -> list[Stage]:
+  """The sitting's stages, in order (see the module docstring)."""
+  raw = lambda name: os.path.join(s.out, "raw", f"{name}.json")
+  joey, beams = os.path.join(s.out, "joey"), ",".join(map(str, s.beam_sizes))
+
+  def peer_train(name, arch, run, steps):
+    return Stage(name, "peer_train", (s.peer_python, PEER_SCRIPT, "train", f"--arch={arch}",
+                                      f"--steps={steps}", f"--data_dir={data}", f"--work={joey}",
+                                      f"--run={run}", f"--json_out={raw(name)}"), raw(name))
+
+  def peer_decode(name, tag):
+    return Stage(name, "decode", (s.peer_python, PEER_SCRIPT, "decode", f"--data_dir={data}",
+                                  f"--work={joey}", "--run=rnn", f"--beam_sizes={beams}",
+                                  f"--tag={tag}", f"--json_out={raw(name)}"), raw(name))
+
+  def ours_bench(name, preset, sizes):
+    return Stage(name, "bench_train", (
+        python, "-m", "experiments.bench_train", f"--config={TRANSLATE_CONFIG}:{preset}",
+        *sizes, f"--config.data.dir={data}", f"--compute_dtypes={','.join(s.compute_dtypes)}",
+        f"--steps={s.bench_steps}", f"--rounds={s.bench_rounds}",
+        f"--workdir={os.path.join(s.out, 'ours', 'bench_' + preset)}"))
+
+  run_dir = os.path.join(s.out, "ours", "rnn")
+  train = Stage("ours_rnn_train", "translate", (
+      python, "-m", "experiments.translate", f"--config={TRANSLATE_CONFIG}:multi30k",
+      *JOEY_SIZES, f"--config.data.dir={data}", f"--config.train.steps={s.steps}",
+      f"--config.train.warmup_steps={warmup}", f"--config.train.eval_every={s.steps}",
+      f"--config.train.checkpoint_every={s.steps}",
+      f"--config.train.log_every={max(1, s.steps // 10)}", "--config.train.beam_size=1",
+      "--config.train.eval_decode_sentences=1", "--config.train.max_wall_s=0",
+      f"--workdir={run_dir}"), os.path.join(run_dir, "results.json"), fresh=run_dir)
+  decode = Stage("ours_rnn_decode", "decode", (
+      python, "-m", "experiments.bench_decode", f"--workdir={run_dir}", "--split=test",
+      f"--beam_sizes={beams}", f"--json_out={raw('ours_rnn_decode')}"), raw("ours_rnn_decode"))
+  stages = [peer_train("peer_rnn", "rnn", "rnn", s.steps), peer_decode("peer_rnn_decode", "1"),
+            ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
+            peer_train("peer_rnn_again", "rnn", "rnn_again", s.again_steps),
+            peer_decode("peer_rnn_decode_again", "2")]
+  if s.transformer_steps:
+    stages += [peer_train("peer_tfm", "transformer", "tfm", s.transformer_steps),
+               ours_bench("ours_tfm_bench", "multi30k_transformer", ()),
+               peer_train("peer_tfm_again", "transformer", "tfm_again", s.transformer_steps)]
+  return stages
+
+
+def preflight(s: Settings, stages: list[Stage], data: str,
+              find_module: Callable = importlib.util.find_spec) -> None:
+  """The user's mistakes, each one line, before anything is written: no peer interpreter, no
+  data, an entry point missing from this tree."""
+  if not (os.path.isfile(s.peer_python) and os.access(s.peer_python, os.X_OK)):
+    raise ConfigError(f"--peer_python={s.peer_python}: no such interpreter; make the peer's "
+                      f"environment first: {PEER_SETUP}")
+  missing = [f for f in DATA_FILES if not os.path.isfile(os.path.join(data, f))]
+  if missing:
+    raise ConfigError(f"{data}: no multi30k files {', '.join(missing)} (set --data_dir or "
+                      "$ATTN_SHARED_DATA)")
+  for stage in stages:
+    if stage.command[1] == "-m" and find_module(stage.command[2]) is None:
+      raise ConfigError(f"stage {stage.name}: python -m {stage.command[2]}: no such module in "
+                        "this tree")
+
+
+# -- reading each kind of stage's figures
+
+
+def _bench_table(log: str) -> dict:
+  """bench_train's table, from its log: {dtype: {median_s_per_step, tokens_per_s}}."""
+  lines = log.splitlines()
+  head = next((i for i, l in enumerate(lines) if l.startswith("| compute dtype |")), None)
+  if head is None:
+    raise ValueError("no '| compute dtype |' table in bench_train's output")
+  names = [c.strip() for c in lines[head].strip("|").split("|")]
+  out = {}
+  for line in lines[head + 2:]:
+    if not line.startswith("|"):
+      break
+    cells = dict(zip(names, (c.strip() for c in line.strip("|").split("|"))))
+    number = lambda key: float(cells[key].replace(",", ""))
+    out[cells["compute dtype"]] = {"median_s_per_step": number("median s/step"),
+                                   "tokens_per_s": number("target tokens/s")}
+  return out
+
+
+def _decode(result: dict) -> dict:
+  """{sentences, beam<k>: {decode_s, bleu, and the other numbers the decoder reports}}."""
+  beams = {f"beam{r['beam_size']}": {k: v for k, v in r.items() if isinstance(v, (int, float))}
+           for r in result["results"]}
+  for figures in beams.values():
+    figures["decode_s"], figures["bleu"] = float(figures["decode_s"]), float(figures["bleu"])
+  return {"sentences": result["sentences"], **beams}
+
+
+def _translate(result: dict) -> dict:
+  return {"tokens_per_s_steady": result.get("tokens_per_sec_steady"),
+          "tokens_per_s": result["tokens_per_sec"], "params": result["params"],
+          "step": result["step"], "bleu_greedy": result["bleu"]}
+
+
+def _peer_train(result: dict) -> dict:
+  return {k: v for k, v in result.items() if not isinstance(v, list)}
+
+
+def _train_line(f: dict) -> str:
+  return (f"{f['tokens_per_s']:,.0f} target tokens/s, median {f['median_s_per_step']:.3f} s/step "
+          f"over {f['steps']} steps")
+
+
+def _bench_line(f: dict) -> str:
+  return "; ".join(f"{d} {v['tokens_per_s']:,.0f} target tokens/s" for d, v in f.items())
+
+
+def _translate_line(f: dict) -> str:
+  return (f"step {f['step']}: {f['tokens_per_s_steady'] or 0:,.0f} target tokens/s steady "
+          f"(training loop), test BLEU greedy {f['bleu_greedy']:.2f}")
+
+
+def _decode_line(f: dict) -> str:
+  return "; ".join(f"beam {k[4:]} {v['decode_s']:.1f} s, BLEU {v['bleu']:.2f}"
+                   for k, v in f.items() if k.startswith("beam"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """How a kind of stage's figures are read (from its output file's JSON, or from its log's
+  text) and printed in one line."""
+  read: Callable
+  line: Callable[[dict], str]
+  from_log: bool = False
+
+
+KINDS: Registry[Kind] = Registry("stage kind")
+KINDS.add("peer_train", Kind(_peer_train, _train_line))
+KINDS.add("decode", Kind(_decode, _decode_line))
+KINDS.add("bench_train", Kind(_bench_table, _bench_line, from_log=True))
+KINDS.add("translate", Kind(_translate, _translate_line))
+
+
+def read_figures(stage: Stage, log_path: str) -> dict:
+  kind = KINDS.get(stage.kind)
+  if kind.from_log:
+    with open(log_path, encoding="utf-8") as f:
+      return kind.read(f.read())
+  return kind.read(files.read_json(stage.output))
+
+
+# -- running the stages
+
+
+def record_path(out: str, name: str) -> str:
+  return os.path.join(out, "stages", f"{name}.json")
+
+
+def run_command(command, log_path: str) -> int:
+  """Runs `command` with its stdout and stderr in `log_path`; its exit status."""
+  with open(log_path, "w", encoding="utf-8") as log:
+    return subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT,
+                          check=False).returncode
+
+
+def run_stages(out: str, stages: list[Stage], *, runner: Callable = run_command,
+               loadavg: Callable[[], str] = harness.loadavg, echo: Callable = print) -> dict:
+  """Runs the stages in order, skipping the leading ones whose record holds the same command;
+  {stage name: record}. A failed stage raises StageFailed (one line: the stage, its exit status
+  and its log); the records of the stages before it stay."""
+  records, rerun = {}, False
+  for stage in stages:
+    path, line = record_path(out, stage.name), KINDS.get(stage.kind).line
+    old = files.read_json(path)
+    if not rerun and old and old.get("command") == list(stage.command):
+      echo(f"[{stage.name}] finished before, at {old['started']} (load {old['load_before']}): "
+           f"{line(old['figures'])}")
+      records[stage.name] = old
+      continue
+    rerun = True  # from here on every stage runs: one stretch of time
+    for stale in (path, stage.output):
+      if stale and os.path.exists(stale):
+        os.remove(stale)
+    if stage.fresh:
+      shutil.rmtree(stage.fresh, ignore_errors=True)
+    log_path = os.path.join(out, "logs", f"{stage.name}.log")
+    for folder in (os.path.dirname(log_path), os.path.dirname(path),
+                   os.path.dirname(stage.output)):
+      if folder:
+        os.makedirs(folder, exist_ok=True)
+    started, load_before, t0 = _now(), loadavg(), time.time()
+    echo(f"[{stage.name}] running (load {load_before}): {' '.join(stage.command)}")
+    status = runner(stage.command, log_path)
+    if status != 0:
+      raise StageFailed(f"stage {stage.name} failed (exit status {status}); its log: {log_path}")
+    try:
+      figures = read_figures(stage, log_path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise StageFailed(f"stage {stage.name}: no figures in its output ({e}); its log: "
+                        f"{log_path}") from None
+    record = {"stage": stage.name, "kind": stage.kind, "command": list(stage.command),
+              "log": log_path, "started": started, "wall_s": round(time.time() - t0, 1),
+              "load_before": load_before, "load_after": loadavg(), "figures": figures}
+    files.write_json(path, record)
+    echo(f"[{stage.name}] {line(figures)} (load {load_before} -> {record['load_after']}, "
+         f"{record['wall_s']:.0f} s)")
+    records[stage.name] = record
+  return records
+
+
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+NOTES = """\
+- JoeyNMT's training rate is its own loop's timing of each update (logging every step, no
+  validation): fetching and collating the batch included, the first 5 updates left out.
+  bench_train times our compiled step on batches already loaded; experiments.translate's steady
+  rate is our whole training loop, data loading included.
+- Target tokens count EOS and leave padding out, on both sides.
+- Decoding: JoeyNMT's seconds are its "Generation took" (the decoding loop, vocabularies, data
+  and model already loaded); ours are bench_decode's timed pass after an untimed one that
+  compiles every batch shape. BLEU: sacreBLEU 13a, case-insensitive, of detokenized outputs
+  against the raw references, on both sides; both peer brackets decode the first one's model.
+- "ours vs mean(JoeyNMT)": ours over the mean of the two peer brackets for a rate, their mean
+  time over ours for seconds (both read "x as fast"), ours less their mean for BLEU."""
+
+
+def write_outputs(s: Settings, records: dict) -> str:
+  """<out>/sitting.md and <out>/sitting.json from the records; returns the table."""
+  rows = peer_table.rows_for(s.compute_dtypes, s.beam_sizes, s.steps, bool(s.transformer_steps))
+  evaluated = peer_table.evaluate(rows, records)
+  table = peer_table.markdown(evaluated)
+  first = min((r["started"] for r in records.values()), default="")
+  text = (f"# JoeyNMT, ours, JoeyNMT: one sitting\n\nStages from {first} on "
+          f"{os.cpu_count()} CPUs; every figure with the 1-minute load average at the start of "
+          f"its stage (the per-stage records, commands and logs: stages/, logs/).\n\n{table}\n"
+          f"\n{NOTES}\n")
+  files.write_text(os.path.join(s.out, "sitting.md"), text)
+  files.write_json(os.path.join(s.out, "sitting.json"),
+                   {"settings": dataclasses.asdict(s), "rows": evaluated, "stages": records})
+  return table
+
+
+def run(s: Settings, *, data: str, warmup: int) -> str:
+  """The whole sitting (see the module docstring): checks, stages, table; returns the table."""
+  stages = plan(s, data=data, warmup=warmup)
+  preflight(s, stages, data)
+  print(f"peer sitting in {s.out}: {len(stages)} stages, load {harness.loadavg()} "
+        f"({os.cpu_count()} CPUs)", flush=True)
+  records = run_stages(s.out, stages, echo=lambda line: print(line, flush=True))
+  table = write_outputs(s, records)
+  print(table)
+  print(f"load average at end: {harness.loadavg()}; written: "
+        f"{os.path.join(s.out, 'sitting.md')}, {os.path.join(s.out, 'sitting.json')}")
+  return table
