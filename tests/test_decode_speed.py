@@ -170,3 +170,17 @@ def test_a_run_records_what_each_evaluation_cost(smoke_bahdanau_workdir):
   assert evals and all(s > 0 for s in evals)
   with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
     assert json.load(f)["eval_s"] == pytest.approx(sum(evals))
+
+
+def test_first_argmax_is_jnp_argmax_and_its_value():
+  """Ties go to the lowest index, a NaN wins as in jnp.argmax, -inf rows give index 0."""
+  from attn.decoding.greedy import first_argmax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 1, (64, 9)).astype(np.float32)  # many ties
+  x[1, 4] = np.nan
+  x[2, [3, 6]] = np.nan
+  x[3] = -np.inf
+  tok, val = jax.jit(first_argmax)(jnp.asarray(x))
+  ref = np.asarray(jnp.argmax(jnp.asarray(x), -1))
+  np.testing.assert_array_equal(tok, ref)
+  np.testing.assert_array_equal(val, x[np.arange(64), ref])

@@ -8,7 +8,8 @@ sizes (1, 5, 1, 5, ...: load from other jobs on a shared machine hits each alike
 the run's own decoding does on the device (`evaluation.dispatch_split`: every batch dispatched,
 then every output waited for with block_until_ready); turning ids into text is not timed.
 `compile_s` is the untimed first pass's time less the median timed pass (compilation and
-first-call warm-up). BLEU comes from the task's own scoring of the decoded text, as in the run's
+first-call warm-up). The searches are the run's (its length penalty and constraints), without
+the attention history unless `attention` is set (the tokens are the same). BLEU comes from the task's own scoring of the decoded text, as in the run's
 results.json. Every figure goes with the load average.
 """
 
@@ -35,6 +36,9 @@ class Settings:
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes to time (1 = greedy).")
   rounds: int = option(1, "Timed passes over the split per beam size, round-robin.")
   json_out: str = option("", "Where to write the figures as JSON (none when empty).")
+  attention: bool = option(False, "Also record each step's attention, as the run's test "
+                           "decoding does for attention.npz (default: the outputs only, as the "
+                           "evaluations during training decode; the same tokens).")
 
   def __post_init__(self):
     if not self.workdir:
@@ -74,7 +78,8 @@ def run(s: Settings) -> dict:
   load_start = harness.loadavg()
   print(f"load average at start: {load_start} ({os.cpu_count()} CPUs)")
   run_ = load(s)
-  searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k) for k in s.beam_sizes}
+  searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k, attention=s.attention)
+              for k in s.beam_sizes}
   first, bleu, n = {}, {}, 0
   for k, search in searches.items():
     t0 = time.perf_counter()
@@ -96,7 +101,7 @@ def run(s: Settings) -> dict:
     results.append({"beam_size": k, "decode_s": t, "sentences_per_s": n / t, "bleu": bleu[k],
                     "compile_s": max(first[k] - t, 0.0), "decode_s_all": times[k]})
   record = {"sentences": n, "split": s.split, "workdir": s.workdir,
-            "compute_dtype": run_.tc.compute_dtype,
+            "compute_dtype": run_.tc.compute_dtype, "attention": s.attention,
             "load": {"start": load_start, "end": harness.loadavg()},
             "machine": harness.machine(), "results": results}
   for r in results:
