@@ -7,8 +7,9 @@ so every batch shape is compiled, and times `rounds` further passes, round-robin
 sizes (1, 5, 1, 5, ...: load from other jobs on a shared machine hits each alike). A pass is what
 the run's own decoding does on the device (`evaluation.dispatch_split`: every batch dispatched,
 then every output waited for with block_until_ready); turning ids into text is not timed.
-`compile_s` is the untimed first pass's time less the median timed pass (compilation and
-first-call warm-up). The searches are the run's (its length penalty and constraints), without
+`compile_s` is the untimed first pass's time less the median timed pass (compilation,
+first-call warm-up, and the first pass's reading of the outputs as text, which the timed passes
+leave out). The searches are the run's (its length penalty and constraints), without
 the attention history unless `attention` is set (the tokens are the same). BLEU comes from the task's own scoring of the decoded text, as in the run's
 results.json. Every figure goes with the load average.
 """
