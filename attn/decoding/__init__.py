@@ -55,6 +55,14 @@ coverage_penalty and early_exit; source_lengths is an ordinary (traced) array.
 
       return decoding.beam_search(step_fn, init, B, max_len, beam_size=beam_size)
 
+Beam search reorders every state leaf by parent at each step, except a leaf that step_fn hands
+back as the very object it got (`new["memory"] is state["memory"]`): the K beams of an example
+hold the same copy of it from the start, so its reordering is the identity and is skipped. A
+model that passes its encoder memory through the state untouched therefore pays nothing for it.
+`keep_weights=False` (both searches) records no attention history: weights come back [B, T, 0],
+the tokens and scores are the same, and beam search no longer copies a [B, K, T, Ts] history at
+every step.
+
 Loops: both use `lax.while_loop`, not `lax.scan` over T. Decoding needs no gradient (the one thing
 scan would add), and the while loop stops as soon as the whole batch is done: greedy when every
 row has emitted EOS, beam search when no live hypothesis can beat the worst finished one of any

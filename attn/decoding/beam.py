@@ -105,12 +105,12 @@ class _Beam:
 
   def body(self, c: _BeamCarry) -> _BeamCarry:
     B, K, T, V = self.B, self.K, self.T, self.V
-    state, logp, w, xs = unpack(self.step_fn(c.state, c.live_last.reshape(B * K)))
+    new_state, logp, w, xs = unpack(self.step_fn(c.state, c.live_last.reshape(B * K)))
     logp = logp.astype(jnp.float32)
     logp = constrain(logp, c.t, c.live_seqs.reshape(B * K, T), min_len=self.min_len,
                      ngram=self.ngram, eos_id=self.eos_id)
     logp = logp.reshape(B, K, V)
-    w = w.astype(jnp.float32).reshape(B, K, self.Ts)
+    w = w.astype(jnp.float32)[:, :self.Ts].reshape(B, K, self.Ts)
     xs = f32_extras(xs, (B, K))                                # name -> [B, K]
 
     # The 2K best one-token extensions of the K live hypotheses.
@@ -133,7 +133,11 @@ class _Beam:
     live_seqs, live_w, live_x = extend(sel)
     live_parent = _gather(parent, sel)
     flat = (jnp.arange(B)[:, None] * K + live_parent).reshape(B * K)
-    state = jax.tree.map(lambda x: x[flat], state)
+    # A leaf step_fn hands back untouched (the encoder memory, a source's keys and values) is
+    # the same for the K beams of an example from the start (`start` tiles it) and stays so, so
+    # reordering it within the example is the identity: skipping that copy of the [B*K, Ts, ..]
+    # memory at every step changes nothing in the result.
+    state = jax.tree.map(lambda old, x: x if x is old else x[flat], c.state, new_state)
     fin_seqs, fin_w, fin_logp, fin_score, fin_len, fin_x = fin
     return _BeamCarry(t=c.t + 1, state=state, live_last=_gather(tok, sel),
                       live_logp=_gather(live_key, sel),
@@ -219,7 +223,8 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
                 length_penalty: float = Search.length_penalty, bos_id: int = BOS_ID,
                 eos_id: int = EOS_ID, pad_id: int = PAD_ID, early_exit: bool = True,
                 min_len: int = 0, block_repeat_ngram: int = 0, coverage_penalty: float = 0.0,
-                source_lengths: jax.Array | None = None) -> DecodeOutput:
+                source_lengths: jax.Array | None = None,
+                keep_weights: bool = True) -> DecodeOutput:
   """Beam search with the GNMT length penalty; returns the best hypothesis and the K-best list.
 
   The standard top-2K scheme (as in Flax's wmt/decode.py and T5X): at step t each of the K live
@@ -252,6 +257,10 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   log P / lp(|Y|) + gnmt_coverage_penalty(its attention history, source_lengths, beta). It only
   re-ranks finished hypotheses; live ones compete by log P as before (Wu et al. 2016).
   source_lengths: [B] int32, |X| per example; required when coverage_penalty > 0.
+
+  keep_weights: False records no attention (weights [B, T, 0], NBest's [B, K, T, 0]): the same
+  tokens and scores without carrying and reordering a [B, K, T, Ts] history per hypothesis at
+  every step (for callers that only read the outputs; the coverage penalty needs the history).
   """
   check_sizes(batch_size, max_len, beam_size)
   check_constraints(max_len, min_len, block_repeat_ngram)
@@ -262,7 +271,10 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   if beta < 0:
     raise ValueError(f"coverage_penalty beta must be >= 0, got {beta}")
   src_len = _source_lengths(beta, batch_size, source_lengths)
+  if beta > 0 and not keep_weights:
+    raise ValueError("coverage_penalty > 0 ranks by the attention history: keep_weights=True")
   V, Ts, extra_names = step_shapes(step_fn, init_state, batch_size)
+  Ts = Ts if keep_weights else 0
   beam = _Beam(step_fn, batch_size, beam_size, max_len, V, Ts, alpha, beta, src_len,
                gnmt_length_penalty(max_len, alpha), min_len, block_repeat_ngram, eos_id,
                early_exit)

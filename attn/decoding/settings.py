@@ -9,12 +9,15 @@ import dataclasses
 class Search:
   """How outputs are searched for: beam_size 1 is greedy. length_penalty: GNMT alpha (the default
   of beam_search too); min_len: no EOS before this many tokens (EOS counted); block_repeat_ngram:
-  n-gram blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only)."""
+  n-gram blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only);
+  attention: record each output step's attention (False: the same outputs, weights [B, T, 0],
+  for decoding whose attention nobody reads, such as the evaluations during training)."""
   beam_size: int = 1
   length_penalty: float = 0.6
   min_len: int = 0
   block_repeat_ngram: int = 0
   coverage_penalty: float = 0.0
+  attention: bool = True
 
   def greedy(self) -> "Search":
     return dataclasses.replace(self, beam_size=1)

@@ -23,7 +23,7 @@ from attn.registry import Registry
 
 # What every run's results.json holds besides its task's scores (attn.training.evaluation).
 RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
-               "decode_s", "beam_size")
+               "decode_s", "eval_s", "beam_size")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ attention.png)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -80,6 +81,23 @@ class Outputs:
   extras: dict = dataclasses.field(default_factory=dict)
 
 
+def dispatch_split(run, role, *, search, max_sentences=None, params=None):
+  """[(host batch, DecodeOutput on the device)] for `role` (or its first batches holding
+  `max_sentences` examples), every batch dispatched before any output is waited for, so the
+  device never idles while the host reads an earlier batch's outputs. params: the
+  (graphdef, params) of `params_view(run)`, when the caller has them."""
+  graphdef, params = params or params_view(run)
+  out, seen = [], 0
+  for batch in run.bundle.batches(role):
+    fn = jitted(decode_batch, run.task, graphdef,
+                max_len=run.tc.max_output_len(batch["src"].shape[1]), search=search)
+    out.append((batch, fn(params, decode_inputs(batch))))
+    seen += int(np.sum(batch["example_id"] >= 0))
+    if max_sentences and seen >= max_sentences:
+      break
+  return out
+
+
 def decode_split(run, role, *, search, max_sentences=None, with_scores=False) -> Outputs:
   """Decodes `role` (or its first `max_sentences` examples, in batch order).
 
@@ -92,10 +110,8 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
   src_vocab, task, bundle = run.bundle.src_vocab, run.task, run.bundle
   out = Outputs({}, {}, {}, {}, {})
   replay = jitted(teacher_forced_attention, task, graphdef)
-  for batch in bundle.batches(role):
-    fn = jitted(decode_batch, task, graphdef, max_len=run.tc.max_output_len(batch["src"].shape[1]),
-                search=search)
-    res = fn(params, decode_inputs(batch))
+  for batch, res in dispatch_split(run, role, search=search, max_sentences=max_sentences,
+                                   params=(graphdef, params)):
     tokens, lengths, weights = map(np.asarray, (res.tokens, res.lengths, res.weights))
     extras = {k: np.asarray(v) for k, v in (res.extras or {}).items()}
     scores = heads = None
@@ -124,8 +140,6 @@ def decode_split(run, role, *, search, max_sentences=None, with_scores=False) ->
         out.scores[ex] = scores[i][..., :lengths[i], :batch["src_lengths"][i]]
       if heads is not None:
         out.heads[ex] = heads[i][..., :lengths[i], :batch["src_lengths"][i]]
-    if max_sentences and len(out.text) >= max_sentences:
-      break
   return out
 
 
@@ -142,7 +156,9 @@ def evaluate(run, role="eval", max_sentences=None) -> dict:
     a, b = step(params, device_batch(batch))
     nll, ntok = nll + float(a), ntok + float(b)
   out = {"perplexity": float(np.exp(nll / max(ntok, 1.0))), "nll": nll / max(ntok, 1.0)}
-  hyps = decode_split(run, role, search=run.tc.search().greedy(), max_sentences=max_sentences)
+  # Only the text is scored: no attention history is recorded.
+  search = dataclasses.replace(run.tc.search().greedy(), attention=False)
+  hyps = decode_split(run, role, search=search, max_sentences=max_sentences)
   out.update(score_outputs(run, role, hyps))
   return out
 
@@ -222,6 +238,24 @@ def write_attention(run, role, hyps: Outputs, sample) -> None:
         temperature=np.float32(v["temperature"]))
 
 
+def eval_seconds(workdir) -> float:
+  """Seconds the run spent in its evaluations during training, over every resume: the sum of
+  metrics.jsonl's eval rows' `eval_s` (training time, `wall_s`, leaves them out)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0.0
+  total = 0.0
+  with open(path) as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue  # a line cut short by a killed process
+      if row.get("split") == "eval":
+        total += float(row.get("eval_s", 0.0))
+  return total
+
+
 def write_results(run, ckpt, role="test") -> dict:
   """Decodes `role` with the best checkpoint (else the last) and writes the result files;
   results.json comes last, so its presence means every other file is complete. Every process
@@ -264,6 +298,7 @@ def write_results(run, ckpt, role="test") -> dict:
       "split": role, **scores, "params": count_params(run.model), "step": run.step,
       "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
       "wall_s": run.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
+      "eval_s": eval_seconds(run.workdir),
       **{k: run.mc.variant[k] for k in ("decoder", "score", "normalizer")},
       "model_config": run.mc.record(),
   }

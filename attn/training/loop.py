@@ -370,10 +370,13 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
   Until it has finished, `run.eval_pending` is set: a checkpoint saved on Ctrl-C carries it, so
   the resumed run evaluates the step first instead of never."""
   run.eval_pending = True
+  t0 = time.time()
   ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
   floats = {k: v for k, v in ev.items() if isinstance(v, float)}
-  writer.write(run.step, "eval", floats)
-  log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items()))
+  eval_s = time.time() - t0  # what the evaluation costs the run (results.json sums it: eval_s)
+  writer.write(run.step, "eval", {**floats, "eval_s": eval_s})
+  log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items())
+           + f" ({eval_s:.1f} s)")
   score = tuple(ev[k] for k in run.task.selection_metrics(run.bundle))
   if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
     run.best_score, run.best_step, run.best_eval = score, run.step, floats

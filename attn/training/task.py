@@ -155,7 +155,8 @@ class TranslationTask(Task):
       max_len = min(max_len, model.longest_output)
     init = model.initial_decode_state(src, batch["src_lengths"], batch.get("src_ext"),
                                       max_len=max_len)
-    common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram)
+    common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram,
+                  keep_weights=search.attention)
     if search.beam_size == 1:
       return decoding.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
     return decoding.beam_search(

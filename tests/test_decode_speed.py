@@ -1,0 +1,186 @@
+"""The fast paths of decoding give the outputs of the plain ones, and the decoding benchmark
+(python -m experiments.bench_decode) reports them, or refuses in one line."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attn import decoding as decode
+from attn.benchmarks import decode_speed
+from attn.training import evaluation, loop
+from tests.test_decode import edge_case_table, random_table, toy_init, toy_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def copying_step(step_fn):
+  """step_fn whose every state leaf is a new array: beam search then reorders all of them (what
+  it did for every leaf before it learned to skip the ones a step hands back untouched)."""
+  def step(state, y_prev):
+    new, *rest = step_fn(state, y_prev)
+    return (jax.tree.map(jnp.copy, new), *rest)
+  return step
+
+
+def memory_step(step_fn):
+  """The toy's step with an encoder-memory-like leaf [B, 7, 11] it reads and hands back as is."""
+  def step(state, y_prev):
+    inner = {k: v for k, v in state.items() if k != "memory"}
+    new, logp, w = step_fn(inner, y_prev)
+    return {**new, "memory": state["memory"]}, logp + 0.0 * state["memory"][:, :1, 0], w
+  return step
+
+
+def test_beam_search_does_not_reorder_a_leaf_the_step_hands_back():
+  """The [B*K, 7, 11] memory is never gathered inside the loop (it was, at every step)."""
+  B, K = 2, 3
+  init = {**toy_init(np.array([0, 1])), "memory": jnp.ones((B, 7, 11))}
+  search = lambda table, state: decode.beam_search(memory_step(toy_step(table)), state, B, 4,
+                                                   beam_size=K)
+  jaxpr = jax.make_jaxpr(search)(jnp.asarray(random_table(0)), init)
+  body = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while").params["body_jaxpr"]
+  shapes = [v.aval.shape for e in body.jaxpr.eqns if e.primitive.name == "gather"
+            for v in e.outvars]
+  assert (B * K, 7, 11) not in shapes
+  assert (B * K,) in shapes  # the toy's code, which each step changes, is still reordered
+
+
+@pytest.mark.parametrize("seed,K,alpha", [(0, 2, 0.6), (1, 3, 1.0)])
+def test_skipping_untouched_leaves_and_weights_keeps_every_output(seed, K, alpha):
+  """Against the search that reorders every leaf: the same tokens, lengths, scores, weights and
+  K-best list; keep_weights=False gives the same again without the weights."""
+  table = jnp.asarray(edge_case_table(seed) if seed % 2 else random_table(seed, eos_bias=0.3))
+  ex = np.array([0, 1, 2], np.int32)
+  init = {**toy_init(ex), "memory": jnp.arange(3 * 7 * 11, dtype=jnp.float32).reshape(3, 7, 11)}
+  run = lambda wrap, keep: jax.jit(lambda tb, s: decode.beam_search(
+      wrap(memory_step(toy_step(tb))), s, 3, 5, beam_size=K, length_penalty=alpha,
+      keep_weights=keep))(table, init)
+  ref, fast, light = run(copying_step, True), run(lambda f: f, True), run(lambda f: f, False)
+  for name in ("tokens", "lengths", "scores", "weights"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
+  for name in ("tokens", "lengths", "log_probs", "scores", "valid"):
+    np.testing.assert_array_equal(getattr(fast.nbest, name), getattr(ref.nbest, name))
+    np.testing.assert_array_equal(getattr(light.nbest, name), getattr(ref.nbest, name))
+  assert light.weights.shape == (3, 5, 0) and light.nbest.weights.shape == (3, K, 5, 0)
+  greedy = lambda keep: jax.jit(lambda tb: decode.greedy_decode(
+      toy_step(tb), toy_init(ex), 3, 5, keep_weights=keep))(table)
+  g, g_light = greedy(True), greedy(False)
+  for name in ("tokens", "lengths", "scores"):
+    np.testing.assert_array_equal(getattr(g_light, name), getattr(g, name), err_msg=name)
+  assert g_light.weights.shape == (3, 5, 0)
+
+
+def test_no_weights_and_a_coverage_penalty_are_refused():
+  with pytest.raises(ValueError, match="keep_weights=True"):
+    decode.beam_search(toy_step(jnp.asarray(random_table(0))), toy_init(np.array([0])), 1, 3,
+                       beam_size=2, coverage_penalty=0.2, source_lengths=jnp.array([3]),
+                       keep_weights=False)
+
+
+def test_a_real_model_decodes_the_same_tokens_on_the_fast_path(smoke_bahdanau_workdir):
+  """A trained (smoke) RNN with attention, float32: beam 3 gives the same tokens, scores and
+  weights as the search that reorders every state leaf, and without the attention history the
+  same tokens and scores."""
+  run = loop.load_run(smoke_bahdanau_workdir)
+  graphdef, params = evaluation.params_view(run)
+  batch = evaluation.decode_inputs(next(run.bundle.batches("test")))
+  B = batch["src"].shape[0]
+
+  @functools.partial(jax.jit, static_argnames=("copy", "keep"))
+  def search(params, src, src_lengths, *, copy, keep):
+    model = nnx.merge(graphdef, params)
+    init = model.initial_decode_state(src, src_lengths, max_len=12)
+    step = copying_step(model.step_fn()) if copy else model.step_fn()
+    return decode.beam_search(step, init, B, 12, beam_size=3, keep_weights=keep)
+
+  args = (params, batch["src"], batch["src_lengths"])
+  ref = search(*args, copy=True, keep=True)
+  fast, light = search(*args, copy=False, keep=True), search(*args, copy=False, keep=False)
+  for out in (fast, light):
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.scores, ref.scores)
+  np.testing.assert_array_equal(fast.weights, ref.weights)
+
+
+def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdanau_workdir,
+                                                                  tmp_path):
+  out = tmp_path / "speed.json"
+  s = decode_speed.Settings(workdir=smoke_bahdanau_workdir, beam_sizes=(1, 2),
+                            json_out=str(out))
+  record = decode_speed.run(s)
+  assert json.loads(out.read_text()) == json.loads(json.dumps(record))
+  with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
+    results = json.load(f)
+  assert results["beam_size"] == 1
+  assert record["sentences"] == len(loop.load_run(smoke_bahdanau_workdir).bundle.references())
+  assert [r["beam_size"] for r in record["results"]] == [1, 2]
+  greedy = record["results"][0]
+  assert greedy["bleu"] == pytest.approx(results["bleu"])  # the run's own test decoding
+  for r in record["results"]:
+    assert r["decode_s"] > 0 and r["compile_s"] >= 0
+    assert r["sentences_per_s"] == pytest.approx(record["sentences"] / r["decode_s"])
+  assert set(record["load"]) == {"start", "end"}
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda p: str(p / "absent"), "is not a directory"),
+    (lambda p: str(p), "has no config.json: not a finished run"),
+])
+def test_bench_decode_refuses_a_missing_or_unfinished_run_in_one_line(tmp_path, make, says):
+  workdir = make(tmp_path)
+  json_out = tmp_path / "out.json"
+  done = subprocess.run([sys.executable, "-m", "experiments.bench_decode",
+                         f"--workdir={workdir}", f"--json_out={json_out}"],
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 2, done.stderr
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+  assert not json_out.exists()
+
+
+def test_evaluation_during_training_decodes_without_attention(smoke_bahdanau_workdir,
+                                                             monkeypatch):
+  """The evaluations' greedy decoding scores text only: its search keeps no attention history,
+  and it scores what the run's own evaluation of that checkpoint scored."""
+  run = loop.load_run(smoke_bahdanau_workdir)
+  seen, real = [], evaluation.decode_split
+  monkeypatch.setattr(evaluation, "decode_split",
+                      lambda *a, search, **kw: seen.append(search) or real(*a, search=search, **kw))
+  ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
+  assert [(s.beam_size, s.attention) for s in seen] == [(1, False)]
+  with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
+    best = json.load(f)["best_eval"]
+  assert ev["bleu"] == pytest.approx(best["bleu"]) and ev["nll"] == pytest.approx(best["nll"])
+
+
+def test_a_run_records_what_each_evaluation_cost(smoke_bahdanau_workdir):
+  """metrics.jsonl's eval rows carry eval_s, and results.json their sum (the run's wall_s leaves
+  the evaluations out)."""
+  with open(os.path.join(smoke_bahdanau_workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  evals = [r["eval_s"] for r in rows if r["split"] == "eval"]
+  assert evals and all(s > 0 for s in evals)
+  with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
+    assert json.load(f)["eval_s"] == pytest.approx(sum(evals))
+
+
+def test_first_argmax_is_jnp_argmax_and_its_value():
+  """Ties go to the lowest index, a NaN wins as in jnp.argmax, -inf rows give index 0."""
+  from attn.decoding.greedy import first_argmax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 1, (64, 9)).astype(np.float32)  # many ties
+  x[1, 4] = np.nan
+  x[2, [3, 6]] = np.nan
+  x[3] = -np.inf
+  tok, val = jax.jit(first_argmax)(jnp.asarray(x))
+  ref = np.asarray(jnp.argmax(jnp.asarray(x), -1))
+  np.testing.assert_array_equal(tok, ref)
+  np.testing.assert_array_equal(val, x[np.arange(64), ref])
