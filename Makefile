@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run demo browser test gpu-check clean
+.PHONY: setup run demo browser test gpu-check peer-venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,13 @@ test: $(STAMP) browser
 GPU_CHECK_ARGS ?=
 gpu-check:
 	python -m experiments.gpu_check --out=gpu_check_out $(GPU_CHECK_ARGS)
+
+# The peer for the speed sitting (python -m experiments.bench_peer): JoeyNMT and torch in their own
+# environment, .peer-venv/ (~6 GB), never a dependency of the project.
+peer-venv: .peer-venv/bin/python
+.peer-venv/bin/python: peers/requirements.txt
+	$(PY) -m venv .peer-venv
+	.peer-venv/bin/python -m pip install -q -r peers/requirements.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
