@@ -176,6 +176,16 @@ def test_dropout_masks_come_from_xla_rng_bit_generator_at_the_rate():
   assert dropout(x, 0.3, None) is x and dropout(x, 0.0, jax.random.PRNGKey(1)) is x
 
 
+def test_float32_matmuls_go_through_the_custom_vjp_matmul():
+  """Every projection, feed-forward and output matmul of a float32 Transformer runs through
+  attn.precision.matmul (its backward reads the saved x^T), in float32 throughout."""
+  model = build_model(_cfg(enc_layers=2, dec_layers=1))
+  jaxpr = str(jax.make_jaxpr(lambda: model(_batch())[0])())
+  per_enc, per_dec = 4 + 2, 4 + 4 + 2  # q k v o, ff up and down; self and cross attention
+  assert jaxpr.count("custom_vjp_call") == 2 * per_enc + per_dec + 1  # + the output layer
+  assert "bf16" not in jaxpr
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _searches_then_forced(graphdef, state, batch, max_len):
   """Greedy and beam search (their max_len sizing the cache), and teacher forcing along each
