@@ -188,7 +188,7 @@ def test_ctrl_c_during_the_last_evaluation_resumes_to_the_uninterrupted_result(t
   assert not (tmp_path / "run" / "results.json").exists()
   resumed = training.train_and_evaluate(tiny(), str(tmp_path / "run"))
   assert resumed["best_step"] == twin["best_step"] == 4
-  timing = ("wall_s", "decode_s", "tokens_per_sec", "tokens_per_sec_steady")
+  timing = ("wall_s", "decode_s", "eval_s", "tokens_per_sec", "tokens_per_sec_steady")
   assert ({k: v for k, v in resumed.items() if k not in timing}
           == {k: v for k, v in twin.items() if k not in timing})
   assert ((tmp_path / "run" / "predictions.txt").read_text()
