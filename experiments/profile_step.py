@@ -55,7 +55,7 @@ def profile(config, s: Settings) -> str:
     for i, b in enumerate(batches):  # warm: the first steps after compiling run slower
       state, _ = jax.block_until_ready(steps[d](state, b, jax.random.fold_in(key, i)))
     ops = {}
-    for b in {train_throughput._shape(b): b for b in batches}.values():  # pylint: disable=protected-access
+    for b in {train_throughput.batch_shape(b): b for b in batches}.values():
       ops.update(op_profile.compiled_ops(steps[d].lower(state, b, key).compile().as_text()))
     arg_sets = [(state, b, jax.random.fold_in(key, i)) for i, b in enumerate(batches)]
     events = op_profile.trace_events(steps[d], arg_sets, os.path.join(s.trace_dir, d))

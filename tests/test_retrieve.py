@@ -129,6 +129,10 @@ def test_bad_settings_are_config_errors():
     (["--modes=retrieve,bogus"], "unknown retrieval mode 'bogus'; known: random, retrieve, "
                                  "whole_pool"),
     (["--distractors=0,x"], "--distractors"),
+    (["--diagnose", "--interventions=identity,nope"],
+     "unknown intervention 'nope'; known: identity, permute, uniform, zero_top"),
+    (["--serve_only", "--diagnose"], "no trained retriever in"),
+    (["--serve_only"], "--serve_only needs --port (a port to serve on) or --diagnose"),
 ])
 def test_the_entry_point_refuses_bad_flags_in_one_line_before_writing(tmp_path, args, message):
   workdir = tmp_path / "run"

@@ -59,7 +59,7 @@ def with_compute_dtype(run, compute_dtype: str):
                              state=state)
 
 
-def _shape(batch) -> tuple:
+def batch_shape(batch) -> tuple:
   return batch["src"].shape + batch["tgt"].shape  # (B, Ts, B, Tt)
 
 
@@ -72,10 +72,10 @@ def compiled_batches(base, runs, steps, n: int):
   batches, counted = [], {}
   while len(batches) < n or len(counted) < len(base.bundle.shapes):
     b = device_batch(next(it))
-    if _shape(b) not in counted:
+    if batch_shape(b) not in counted:
       for d, step in steps.items():
         jax.block_until_ready(step(runs[d].state, b, key))  # compile this bucket
-      counted[_shape(b)] = cost.jaxpr_flops(steps[first], runs[first].state, b, key)
+      counted[batch_shape(b)] = cost.jaxpr_flops(steps[first], runs[first].state, b, key)
     batches.append(b)
     if len(batches) > 10 * n:
       break
@@ -119,7 +119,7 @@ def time_rounds(runs, steps, batches, s: Settings):
 def report(base, batches, counted, times, ceilings, s: Settings) -> str:
   """Prints the work per step (analytic and traced FLOPs) and returns the table per dtype."""
   from attn.models import cost, count_params  # pylint: disable=import-outside-toplevel
-  shapes = [_shape(b) for b in batches] * s.rounds
+  shapes = [batch_shape(b) for b in batches] * s.rounds
   toks = np.array([float(b["tgt_lengths"].sum()) for b in batches] * s.rounds)
   traced = np.array([counted[sh] for sh in shapes])
   try:
