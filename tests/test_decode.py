@@ -335,3 +335,79 @@ def test_one_length_penalty_default_for_search_training_and_beam_search():
   default = inspect.signature(decode.beam_search).parameters["length_penalty"].default
   assert default == decode.Search().length_penalty == TrainConfig().length_penalty == 0.6
   assert TrainConfig().search() == decode.Search()
+
+
+@functools.partial(jax.jit, static_argnames=("T", "K", "alpha", "beta", "min_len", "ngram",
+                                             "shrink_to"))
+def run_beam_shrink(table, ex, *, T, K, alpha, beta, min_len, ngram, shrink_to):
+  step = toy_step(table)
+  return decode.beam_search(step, toy_init(ex), ex.shape[0], T, beam_size=K, length_penalty=alpha,
+                            coverage_penalty=beta, source_lengths=jnp.full(ex.shape, TS),
+                            min_len=min_len, block_repeat_ngram=ngram, shrink_to=shrink_to)
+
+
+@pytest.mark.parametrize("K,alpha,beta,min_len,ngram", [(3, 0.6, 0.0, 0, 0), (2, 1.0, 0.2, 0, 0),
+                                                         (3, 0.6, 0.0, 2, 2)])
+def test_shrinking_the_batch_never_changes_the_result(K, alpha, beta, min_len, ngram):
+  """Finished examples leaving the batch (shrink_to) must give exactly the whole batch's
+  search: tokens, lengths, weights and scores of every n-best entry, including examples cut
+  off at max_len. Twelve examples shrink to 6 and 3 rows (shrink_to=3)."""
+  T, ex = 5, np.arange(12, dtype=np.int32) % 3
+  kw = dict(T=T, K=K, alpha=alpha, beta=beta, min_len=min_len, ngram=ngram)
+  cut_off = finished_early = 0
+  for seed in range(12):
+    table = random_table(2000 + seed, eos_bias=seed % 4 - 1.0)
+    a = run_beam_shrink(table, ex, shrink_to=0, **kw)
+    b = run_beam_shrink(table, ex, shrink_to=3, **kw)
+    for name in ("tokens", "lengths", "valid", "weights", "scores", "log_probs"):
+      np.testing.assert_array_equal(getattr(a.nbest, name), getattr(b.nbest, name),
+                                    err_msg=f"{name}, seed {seed}")
+    lengths = np.asarray(a.nbest.lengths)
+    cut_off += int((lengths == T).any())
+    finished_early += int((lengths.max(1) < T).any())
+  assert cut_off and finished_early  # both kinds of example were compared
+
+
+def test_shrinking_computes_fewer_rows():
+  """The rows step_fn runs on, counted per call: with shrink_to the batch halves once most
+  examples are done (here EOS is likely, so they finish fast, but example 2 never emits EOS)."""
+  table = random_table(7, eos_bias=3.0)
+  table[2, :, EOS] = -np.inf
+  rows = []
+
+  def counting(tb):
+    inner = toy_step(tb)
+    def step_fn(state, y_prev):
+      jax.debug.callback(lambda y: rows.append(int(y.shape[0])), y_prev)
+      return inner(state, y_prev)
+    return step_fn
+
+  ex = np.arange(8, dtype=np.int32) % 3
+  ex[2:] = 0
+  ex[5] = 2
+  search = lambda s: jax.jit(lambda tb, e: decode.beam_search(
+      counting(tb), toy_init(e), 8, 6, beam_size=2, shrink_to=s))
+  whole = search(0)(table, ex)
+  jax.effects_barrier()
+  whole_rows, rows[:] = list(rows), []
+  shrunk = search(2)(table, ex)
+  jax.effects_barrier()
+  np.testing.assert_array_equal(whole.nbest.tokens, shrunk.nbest.tokens)
+  assert whole_rows == [16] * 6
+  assert rows[0] == 16 and rows[-1] == 4 and sum(rows) < sum(whole_rows), rows
+
+
+def test_shrinking_refuses_a_step_fn_closing_over_beam_rows():
+  """A step that matches a closed-over [B, ...] memory to its rows by their count (any multiple
+  of B) runs on the whole batch's B and B*K rows but not on a shrunk batch: refused at trace
+  time, naming the setting."""
+  memory = jnp.zeros((8, 1))
+
+  def step_fn(state, y_prev):
+    per_row = jnp.tile(memory, (y_prev.shape[0] // 8, 1))
+    return state, jnp.zeros((y_prev.shape[0], V)) + per_row, jnp.zeros((y_prev.shape[0], 2))
+  search = lambda s: decode.beam_search(step_fn, {"t": jnp.zeros((8,), jnp.int32)}, 8, 4,
+                                        beam_size=2, shrink_to=s)
+  assert search(0).tokens.shape == (8, 4)
+  with pytest.raises(ValueError, match="shrink_to: step_fn fails on 2 examples' 4 rows"):
+    search(2)

@@ -87,24 +87,29 @@ def test_no_weights_and_a_coverage_penalty_are_refused():
 
 def test_a_real_model_decodes_the_same_tokens_on_the_fast_path(smoke_bahdanau_workdir):
   """A trained (smoke) RNN with attention, float32: beam 3 gives the same tokens, scores and
-  weights as the search that reorders every state leaf, and without the attention history the
-  same tokens and scores."""
+  weights as the search that reorders every state leaf, and without the attention history, or
+  with finished examples leaving the batch (shrink_to), the same tokens and scores."""
   run = loop.load_run(smoke_bahdanau_workdir)
   graphdef, params = evaluation.params_view(run)
   batch = evaluation.decode_inputs(next(run.bundle.batches("test")))
   B = batch["src"].shape[0]
 
-  @functools.partial(jax.jit, static_argnames=("copy", "keep"))
-  def search(params, src, src_lengths, *, copy, keep):
+  @functools.partial(jax.jit, static_argnames=("copy", "keep", "shrink"))
+  def search(params, src, src_lengths, *, copy, keep, shrink=0):
     model = nnx.merge(graphdef, params)
     init = model.initial_decode_state(src, src_lengths, max_len=12)
     step = copying_step(model.step_fn()) if copy else model.step_fn()
-    return decode.beam_search(step, init, B, 12, beam_size=3, keep_weights=keep)
+    return decode.beam_search(step, init, B, 12, beam_size=3, keep_weights=keep,
+                              shrink_to=shrink)
 
   args = (params, batch["src"], batch["src_lengths"])
   ref = search(*args, copy=True, keep=True)
   fast, light = search(*args, copy=False, keep=True), search(*args, copy=False, keep=False)
-  for out in (fast, light):
+  assert B >= 4
+  shrunk = search(*args, copy=False, keep=True, shrink=B // 4)
+  np.testing.assert_array_equal(shrunk.nbest.tokens, fast.nbest.tokens)
+  np.testing.assert_array_equal(shrunk.nbest.weights, fast.nbest.weights)
+  for out in (fast, light, shrunk):
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.scores, ref.scores)
   np.testing.assert_array_equal(fast.weights, ref.weights)
@@ -114,7 +119,7 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
                                                                   tmp_path):
   out = tmp_path / "speed.json"
   s = decode_speed.Settings(workdir=smoke_bahdanau_workdir, beam_sizes=(1, 2),
-                            json_out=str(out))
+                            json_out=str(out), shrink_to=2)
   record = decode_speed.run(s)
   assert json.loads(out.read_text()) == json.loads(json.dumps(record))
   with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
@@ -127,7 +132,7 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   for r in record["results"]:
     assert r["decode_s"] > 0 and r["compile_s"] >= 0
     assert r["sentences_per_s"] == pytest.approx(record["sentences"] / r["decode_s"])
-  assert set(record["load"]) == {"start", "end"}
+  assert set(record["load"]) == {"start", "end"} and record["shrink_to"] == 2
 
 
 @pytest.mark.parametrize("make,says", [

@@ -10,8 +10,9 @@ then every output waited for with block_until_ready); turning ids into text is n
 `compile_s` is the untimed first pass's time less the median timed pass (compilation,
 first-call warm-up, and the first pass's reading of the outputs as text, which the timed passes
 leave out). The searches are the run's (its length penalty and constraints), without
-the attention history unless `attention` is set (the tokens are the same). BLEU comes from the task's own scoring of the decoded text, as in the run's
-results.json. Every figure goes with the load average.
+the attention history unless `attention` is set, shrinking the batch as examples finish when
+`shrink_to` is set (the tokens are the same either way). BLEU comes from the task's own
+scoring of the decoded text, as in the run's results.json. Every figure goes with the load average.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Settings:
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes to time (1 = greedy).")
   rounds: int = option(1, "Timed passes over the split per beam size, round-robin.")
   json_out: str = option("", "Where to write the figures as JSON (none when empty).")
+  shrink_to: int = option(0, "Beam search: finished examples leave the batch, halving it down "
+                          "to this many rows (0 = never, as the run's own decoding). The same "
+                          "outputs; each halving is one more loop to compile.")
   attention: bool = option(False, "Also record each step's attention, as the run's test "
                            "decoding does for attention.npz (default: the outputs only, as the "
                            "evaluations during training decode; the same tokens).")
@@ -48,6 +52,8 @@ class Settings:
       raise ConfigError(f"--beam_sizes must be integers >= 1, got {list(self.beam_sizes)}")
     if self.rounds < 1:
       raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
+    if self.shrink_to < 0:
+      raise ConfigError(f"--shrink_to must be >= 0, got {self.shrink_to}")
     if self.split not in ("test", "eval"):
       raise ConfigError(f"--split must be test or eval, got {self.split!r}")
 
@@ -79,8 +85,8 @@ def run(s: Settings) -> dict:
   load_start = harness.loadavg()
   print(f"load average at start: {load_start} ({os.cpu_count()} CPUs)")
   run_ = load(s)
-  searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k, attention=s.attention)
-              for k in s.beam_sizes}
+  searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k, attention=s.attention,
+                                     shrink_to=s.shrink_to) for k in s.beam_sizes}
   first, bleu, n = {}, {}, 0
   for k, search in searches.items():
     t0 = time.perf_counter()
@@ -103,6 +109,7 @@ def run(s: Settings) -> dict:
                     "compile_s": max(first[k] - t, 0.0), "decode_s_all": times[k]})
   record = {"sentences": n, "split": s.split, "workdir": s.workdir,
             "compute_dtype": run_.tc.compute_dtype, "attention": s.attention,
+            "shrink_to": s.shrink_to,
             "load": {"start": load_start, "end": harness.loadavg()},
             "machine": harness.machine(), "results": results}
   for r in results:

@@ -68,6 +68,9 @@ class Settings:
   bench_rounds: int = option(2, "bench_train: rounds over the dtypes.")
   compute_dtypes: tuple[str, ...] = option(("float32", "bfloat16"), "bench_train's dtypes.")
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes decoded (1 = greedy).")
+  shrink_to: int = option(16, "Our beam search lets finished examples leave the batch, "
+                           "halving it down to this many rows (bench_decode --shrink_to; 0 = "
+                           "never). JoeyNMT's beam search drops finished examples too.")
   warmup_steps: int = option(0, "Our run's warm-up steps; 0 = the multi30k preset's share of "
                              "its steps, scaled to --steps.")
 
@@ -75,7 +78,7 @@ class Settings:
     for name in ("steps", "again_steps", "bench_steps", "bench_rounds"):
       if getattr(self, name) < 1:
         raise ConfigError(f"--{name}={getattr(self, name)} must be >= 1")
-    for name in ("transformer_steps", "warmup_steps"):
+    for name in ("transformer_steps", "warmup_steps", "shrink_to"):
       if getattr(self, name) < 0:
         raise ConfigError(f"--{name}={getattr(self, name)} must be >= 0")
     if not self.beam_sizes or min(self.beam_sizes) < 1:
@@ -128,7 +131,8 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
       f"--workdir={run_dir}"), os.path.join(run_dir, "results.json"), fresh=run_dir)
   decode = Stage("ours_rnn_decode", "decode", (
       python, "-m", "experiments.bench_decode", f"--workdir={run_dir}", "--split=test",
-      f"--beam_sizes={beams}", f"--json_out={raw('ours_rnn_decode')}"), raw("ours_rnn_decode"))
+      f"--beam_sizes={beams}", f"--shrink_to={s.shrink_to}",
+      f"--json_out={raw('ours_rnn_decode')}"), raw("ours_rnn_decode"))
   stages = [peer_train("peer_rnn", "rnn", "rnn", s.steps), peer_decode("peer_rnn_decode", "1"),
             ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
             peer_train("peer_rnn_again", "rnn", "rnn_again", s.again_steps),

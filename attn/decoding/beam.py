@@ -90,9 +90,8 @@ class _Beam:
       score = score + gnmt_coverage_penalty(hist, self.src_len, self.beta)
     return score
 
-  def cond(self, c: _BeamCarry):
-    if not self.early_exit:
-      return c.t < self.T
+  def done(self, c: _BeamCarry):
+    """[B] bool: the example's K best are final (no live hypothesis can enter them)."""
     worst_fin = c.fin_score[:, -1]                              # [B]; -inf while a slot is empty
     # Upper bound on any live future: log P only falls and lp(n) <= lp(T) for n <= T (alpha >= 0),
     # so log P / lp(n) <= live_logp / lp(T). Dividing by lp(t) instead would exit too early.
@@ -100,8 +99,16 @@ class _Beam:
     # log term is <= 0), so log P / lp(n) + cp <= live_logp / lp(T) too. min_len and n-gram
     # blocking only set log-probs to -inf, which keeps log P falling.
     best_live = c.live_logp[:, 0] / self.lp_max
-    done = worst_fin > best_live
-    return (c.t < self.T) & ~jnp.all(done)
+    return worst_fin > best_live
+
+  def cond(self, c: _BeamCarry):
+    if not self.early_exit:
+      return c.t < self.T
+    return (c.t < self.T) & ~jnp.all(self.done(c))
+
+  def cond_above(self, rows: int):
+    """cond, and more than `rows` examples still searching."""
+    return lambda c: self.cond(c) & (jnp.sum(~self.done(c)) > rows)
 
   def body(self, c: _BeamCarry) -> _BeamCarry:
     B, K, T, V = self.B, self.K, self.T, self.V
@@ -208,6 +215,71 @@ class _Beam:
                         extras=None if extras is None else {k: v[:, 0] for k, v in extras.items()})
 
 
+def _row_counts(batch_size: int, shrink_to: int) -> list[int]:
+  """The batch sizes the shrinking search runs at: B, then halved while the half is at least
+  `shrink_to` rows ([B] alone when shrink_to is 0)."""
+  sizes = [batch_size]
+  while shrink_to and sizes[-1] // 2 >= shrink_to:
+    sizes.append(sizes[-1] // 2)
+  return sizes
+
+
+def _take_examples(c: _BeamCarry, order, K: int) -> _BeamCarry:
+  """The carry of examples `order` [B'] (state rows b*K + k follow their example)."""
+  per_example = lambda x: x[order]
+  per_row = lambda x: x.reshape(-1, K, *x.shape[1:])[order].reshape(-1, *x.shape[1:])
+  fields = {f: jax.tree.map(per_example, getattr(c, f)) for f in _BeamCarry._fields
+            if f not in ("t", "state")}
+  return _BeamCarry(t=c.t, state=jax.tree.map(per_row, c.state), **fields)
+
+
+def _put_examples(store: _BeamCarry, c: _BeamCarry, rows) -> _BeamCarry:
+  """`store` (the whole batch, no state) with the finished and live fields of c's examples,
+  which are examples `rows` [B'] of the batch."""
+  names = [f for f in _BeamCarry._fields if f.startswith(("fin_", "live_"))]
+  put = lambda whole, part: whole.at[rows].set(part)
+  return store._replace(t=c.t, **{f: jax.tree.map(put, getattr(store, f), getattr(c, f))
+                                  for f in names})
+
+
+def _check_shrinkable(step_fn, state, K: int, sizes: list[int]) -> None:
+  """Refuses a step_fn that cannot run on fewer rows than the batch's (one closing over
+  per-example arrays instead of carrying them in its state), from abstract evaluations."""
+  for n in sizes[1:]:
+    part = jax.tree.map(lambda x: jax.ShapeDtypeStruct((n * K,) + x.shape[1:], x.dtype), state)
+    try:
+      step_shapes(step_fn, part, n * K)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"shrink_to: step_fn fails on {n} examples' {n * K} rows ({e}); a "
+                       "search that shrinks its batch needs every per-example array in the "
+                       "state, none closed over (or shrink_to=0)") from None
+
+
+def _shrinking_search(beam: _Beam, c: _BeamCarry, shrink_to: int) -> tuple[_Beam, _BeamCarry]:
+  """Runs the search as `lax.while_loop`s over ever fewer rows: each loop stops once at most
+  half of its examples are still searching, and the next one carries on with those (and
+  finished ones to fill its rows). An example whose K best are final (`_Beam.done`) keeps them
+  to the end of a whole-batch search too, and its live hypotheses cannot enter them at max_len,
+  so the result is the same; only rows that no longer matter are no longer computed.
+  Returns the whole batch's beam and final carry (without state) for `_Beam.result`."""
+  sizes = _row_counts(beam.B, shrink_to)
+  whole = beam
+  store = c._replace(state=None)
+  rows = jnp.arange(beam.B)
+  for rest in sizes[1:] + [0]:
+    c = jax.lax.while_loop(beam.cond_above(rest) if rest else beam.cond, beam.body, c)
+    # Live fields too: a loop that reached max_len leaves live examples behind, whose cut-off
+    # hypotheses are candidates. Those of a finished example cannot enter its K best.
+    store = _put_examples(store, c, rows)
+    if rest:
+      # Searching examples first, in their order; stable, so the choice is deterministic.
+      order = jnp.argsort(beam.done(c).astype(jnp.int32), stable=True)[:rest]
+      c, rows = _take_examples(c, order, beam.K), rows[order]
+      beam = dataclasses.replace(
+          beam, B=rest, src_len=None if beam.src_len is None else beam.src_len[order])
+  return whole, store
+
+
 def _source_lengths(beta, batch_size, source_lengths):
   """[B, 1] |X| per example for the coverage penalty (None when beta = 0); checks them."""
   if beta <= 0:
@@ -224,7 +296,7 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
                 eos_id: int = EOS_ID, pad_id: int = PAD_ID, early_exit: bool = True,
                 min_len: int = 0, block_repeat_ngram: int = 0, coverage_penalty: float = 0.0,
                 source_lengths: jax.Array | None = None,
-                keep_weights: bool = True) -> DecodeOutput:
+                keep_weights: bool = True, shrink_to: int = 0) -> DecodeOutput:
   """Beam search with the GNMT length penalty; returns the best hypothesis and the K-best list.
 
   The standard top-2K scheme (as in Flax's wmt/decode.py and T5X): at step t each of the K live
@@ -261,6 +333,14 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   keep_weights: False records no attention (weights [B, T, 0], NBest's [B, K, T, 0]): the same
   tokens and scores without carrying and reordering a [B, K, T, Ts] history per hypothesis at
   every step (for callers that only read the outputs; the coverage penalty needs the history).
+
+  shrink_to: 0 computes every example's K rows at every step until the whole batch is done.
+  n > 0 lets finished examples (those whose K best can no longer change) leave: once at most
+  half of the examples are still searching, the loop carries on over half the rows, and so on
+  down to n rows. The result is the same; a batch whose examples finish at different steps
+  costs less (each halving compiles one more loop body). It needs a step_fn that keeps every
+  per-example array in `state`: one that closes over [B*K, ...] arrays (e.g. `tile_beams` of
+  the memory) would read the wrong rows once the batch shrinks, so it is refused.
   """
   check_sizes(batch_size, max_len, beam_size)
   check_constraints(max_len, min_len, block_repeat_ngram)
@@ -278,5 +358,12 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   beam = _Beam(step_fn, batch_size, beam_size, max_len, V, Ts, alpha, beta, src_len,
                gnmt_length_penalty(max_len, alpha), min_len, block_repeat_ngram, eos_id,
                early_exit)
-  c = jax.lax.while_loop(beam.cond, beam.body, beam.start(init_state, bos_id, pad_id, extra_names))
+  if shrink_to < 0:
+    raise ValueError(f"shrink_to must be >= 0, got {shrink_to}")
+  c = beam.start(init_state, bos_id, pad_id, extra_names)
+  if shrink_to and early_exit and len(_row_counts(batch_size, shrink_to)) > 1:
+    _check_shrinkable(step_fn, c.state, beam_size, _row_counts(batch_size, shrink_to))
+    beam, c = _shrinking_search(beam, c, shrink_to)
+  else:
+    c = jax.lax.while_loop(beam.cond, beam.body, c)
   return beam.result(c, extra_names)

@@ -162,7 +162,8 @@ class TranslationTask(Task):
     return decoding.beam_search(
         model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
         length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
-        source_lengths=batch["src_lengths"], **common)
+        source_lengths=batch["src_lengths"], shrink_to=search.shrink_to,
+        **common)
 
   def attention(self, model, batch):
     return model.attention(batch)[1]
