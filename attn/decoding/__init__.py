@@ -63,6 +63,11 @@ model that passes its encoder memory through the state untouched therefore pays 
 the tokens and scores are the same, and beam search no longer copies a [B, K, T, Ts] history at
 every step.
 
+`shrink_to=n` (beam search) lets examples whose K best are final leave the batch: once at most
+half of them are still searching, the loop carries on over half the rows, down to n rows. The
+outputs are the same; a batch of mixed output lengths costs less per pass, and each halving is
+one more loop body to compile (worth it when a split is decoded more than once or is long).
+
 Loops: both use `lax.while_loop`, not `lax.scan` over T. Decoding needs no gradient (the one thing
 scan would add), and the while loop stops as soon as the whole batch is done: greedy when every
 row has emitted EOS, beam search when no live hypothesis can beat the worst finished one of any
