@@ -189,3 +189,15 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
   ref = np.asarray(jnp.argmax(jnp.asarray(x), -1))
   np.testing.assert_array_equal(tok, ref)
   np.testing.assert_array_equal(val, x[np.arange(64), ref])
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("shrink_to", -1, "--shrink_to must be >= 0, got -1"),
+    ("beam_sizes", (0,), "--beam_sizes must be integers >= 1"),
+    ("rounds", 0, "--rounds must be >= 1"),
+    ("split", "train", "--split must be test or eval"),
+])
+def test_bench_decode_settings_refuse_bad_values(field, value, says):
+  from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ConfigError, match=says):
+    decode_speed.Settings(workdir="w", **{field: value})
