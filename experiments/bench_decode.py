@@ -6,9 +6,9 @@ r"""Decoding speed of a finished translate run: greedy and beam search over a wh
 Restores the run (its best checkpoint), decodes the split once per beam size untimed (compiling
 every batch shape), then times decoding the whole split per beam size (--rounds passes,
 round-robin), and prints and writes {"sentences", "load", "results": [{"beam_size", "decode_s",
-"sentences_per_s", "bleu", "compile_s"}, ...]}. The flags are the fields of
-attn.benchmarks.decode_speed.Settings (defaults and help live there); a missing workdir or an
-unfinished run exits with status 2 and one `error:` line.
+"sentences_per_s", "bleu", "mean_words", "words_per_s", "compile_s"}, ...]}. The flags are the
+fields of attn.benchmarks.decode_speed.Settings (defaults and help live there); a missing
+workdir or an unfinished run exits with status 2 and one `error:` line.
 """
 
 from absl import flags

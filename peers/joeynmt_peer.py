@@ -267,7 +267,9 @@ def decode(args) -> dict:
     with open(os.path.join(out_dir, f"beam{k}.test"), encoding="utf-8") as f:
       hyps = [line.rstrip("\n") for line in f]
     results.append({"beam_size": k, "decode_s": figures.generation_s[-1], "wall_s": wall,
-                    "bleu": corpus_bleu(hyps, references), "load_before": load_before,
+                    "bleu": corpus_bleu(hyps, references),
+                    "mean_words": sum(len(h.split()) for h in hyps) / max(len(hyps), 1),
+                    "load_before": load_before,
                     "load_after": loadavg()})
   return {"run": args.run, "sentences": len(references), "results": results,
           "decode_s_is": "JoeyNMT's own 'Generation took' (the decoding loop; wall_s adds "

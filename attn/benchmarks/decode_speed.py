@@ -87,13 +87,16 @@ def run(s: Settings) -> dict:
   run_ = load(s)
   searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k, attention=s.attention,
                                      shrink_to=s.shrink_to) for k in s.beam_sizes}
-  first, bleu, n = {}, {}, 0
+  first, bleu, words, n = {}, {}, {}, 0
   for k, search in searches.items():
     t0 = time.perf_counter()
     hyps = evaluation.decode_split(run_, s.split, search=search)  # compiles every shape
     first[k] = time.perf_counter() - t0
     bleu[k] = float(evaluation.score_outputs(run_, s.split, hyps)["bleu"])
     n = len(hyps.text)
+    # Seconds depend on how much text comes out: words (whitespace-separated, the decoded text)
+    # let two systems emitting different lengths be compared per word.
+    words[k] = sum(len(t.split()) for t in hyps.text.values()) / max(n, 1)
     print(f"beam {k}: first pass (compiling) {first[k]:.1f} s, BLEU {bleu[k]:.2f} "
           f"(load {harness.loadavg()})")
   times = {k: [] for k in searches}
@@ -106,6 +109,7 @@ def run(s: Settings) -> dict:
   for k in searches:
     t = float(np.median(times[k]))
     results.append({"beam_size": k, "decode_s": t, "sentences_per_s": n / t, "bleu": bleu[k],
+                    "mean_words": words[k], "words_per_s": words[k] * n / t,
                     "compile_s": max(first[k] - t, 0.0), "decode_s_all": times[k]})
   record = {"sentences": n, "split": s.split, "workdir": s.workdir,
             "compute_dtype": run_.tc.compute_dtype, "attention": s.attention,
