@@ -133,8 +133,8 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
     assert r["decode_s"] > 0 and r["compile_s"] >= 0
     assert r["sentences_per_s"] == pytest.approx(record["sentences"] / r["decode_s"])
     assert r["words_per_s"] == pytest.approx(r["mean_words"] * r["sentences_per_s"])
-  texts = evaluation.decode_split(loop.load_run(smoke_bahdanau_workdir), "test",
-                                  search=loop.load_run(smoke_bahdanau_workdir).tc.search()).text
+  run = loop.load_run(smoke_bahdanau_workdir)
+  texts = evaluation.decode_split(run, "test", search=run.tc.search()).text
   assert greedy["mean_words"] == pytest.approx(
       np.mean([len(t.split()) for t in texts.values()]))
   assert set(record["load"]) == {"start", "end"} and record["shrink_to"] == 2

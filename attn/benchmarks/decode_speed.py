@@ -12,7 +12,8 @@ first-call warm-up, and the first pass's reading of the outputs as text, which t
 leave out). The searches are the run's (its length penalty and constraints), without
 the attention history unless `attention` is set, shrinking the batch as examples finish when
 `shrink_to` is set (the tokens are the same either way). BLEU comes from the task's own
-scoring of the decoded text, as in the run's results.json. Every figure goes with the load average.
+scoring of the decoded text, as in the run's results.json. Every figure goes with the load
+average.
 """
 
 from __future__ import annotations

@@ -274,14 +274,14 @@ def _check_shrinkable(step_fn, state, K: int, sizes: list[int]) -> None:
                        "state, none closed over (or shrink_to=0)") from None
 
 
-def _shrinking_search(beam: _Beam, c: _BeamCarry, shrink_to: int) -> tuple[_Beam, _BeamCarry]:
+def _shrinking_search(beam: _Beam, c: _BeamCarry, sizes: list[int]) -> tuple[_Beam, _BeamCarry]:
   """Runs the search as `lax.while_loop`s over ever fewer rows: each loop stops once at most
   half of its examples are still searching, and the next one carries on with those (and
   finished ones to fill its rows). An example whose K best are final (`_Beam.done`) keeps them
   to the end of a whole-batch search too, and its live hypotheses cannot enter them at max_len,
   so the result is the same; only rows that no longer matter are no longer computed.
-  Returns the whole batch's beam and final carry (without state) for `_Beam.result`."""
-  sizes = _row_counts(beam.B, shrink_to)
+  sizes: `_row_counts`. Returns the whole batch's beam and final carry (without state) for
+  `_Beam.result`."""
   whole = beam
   store = c._replace(state=None)
   rows = jnp.arange(beam.B)
@@ -358,14 +358,16 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   half of the examples are still searching, the loop carries on over half the rows, and so on
   down to n rows. The result is the same; a batch whose examples finish at different steps
   costs less (each halving compiles one more loop body). It needs a step_fn that keeps every
-  per-example array in `state`: one that closes over [B*K, ...] arrays (e.g. `tile_beams` of
-  the memory) would read the wrong rows once the batch shrinks, so it is refused.
+  per-example array in `state`: one that matches closed-over arrays to its rows would read the
+  wrong rows once the batch shrinks; a step that fails on the smaller row counts is refused.
   """
   check_sizes(batch_size, max_len, beam_size)
   check_constraints(max_len, min_len, block_repeat_ngram)
   alpha = float(length_penalty)
   if alpha < 0:
     raise ValueError(f"length_penalty alpha must be >= 0, got {alpha}")
+  if shrink_to < 0:
+    raise ValueError(f"shrink_to must be >= 0, got {shrink_to}")
   beta = float(coverage_penalty)
   if beta < 0:
     raise ValueError(f"coverage_penalty beta must be >= 0, got {beta}")
@@ -377,12 +379,11 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   beam = _Beam(step_fn, batch_size, beam_size, max_len, V, Ts, alpha, beta, src_len,
                gnmt_length_penalty(max_len, alpha), min_len, block_repeat_ngram, eos_id,
                early_exit)
-  if shrink_to < 0:
-    raise ValueError(f"shrink_to must be >= 0, got {shrink_to}")
   c = beam.start(init_state, bos_id, pad_id, extra_names)
-  if shrink_to and early_exit and len(_row_counts(batch_size, shrink_to)) > 1:
-    _check_shrinkable(step_fn, c.state, beam_size, _row_counts(batch_size, shrink_to))
-    beam, c = _shrinking_search(beam, c, shrink_to)
+  sizes = _row_counts(batch_size, shrink_to)
+  if len(sizes) > 1:
+    _check_shrinkable(step_fn, c.state, beam_size, sizes)
+    beam, c = _shrinking_search(beam, c, sizes)
   else:
     c = jax.lax.while_loop(beam.cond, beam.body, c)
   return beam.result(c, extra_names)
