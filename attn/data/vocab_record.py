@@ -5,11 +5,13 @@ A run saves its vocabularies in the workdir and every later run on it reads them
 checkpoint's embedding rows are those ids). `check(cfg, source, workdir)` refuses, in one line
 naming each changed field (there vs here), a run whose vocabulary settings differ from the ones
 recorded in `vocab.settings.json` (`write`, next to the vocabularies), or, for a workdir written
-before that file existed, from the data section of its config.json.
+before that file existed, from the data section of its config.json. A changed `data.dir` whose
+training files are byte for byte those of the recorded one (the data moved) is not a change.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 
@@ -71,11 +73,25 @@ def check(cfg: DataConfig, source, workdir: str) -> None:
     return
   here = settings(cfg, source)
   differ = [k for k in here if k in recorded and recorded[k] != here[k]]
+  if "dir" in differ and same_training_files(recorded["dir"], cfg.dir, cfg.train_split):
+    differ.remove("dir")  # the same files, moved: the vocabularies still fit
   if differ:
     shown = ", ".join(f"data.{k}={_show(recorded[k])} there, {_show(here[k])} here"
                       for k in differ)
     raise DataError(f"workdir {workdir} holds vocabularies built with other data settings "
                     f"({shown}); resume with its settings or use another --workdir")
+
+
+def same_training_files(old_dir: str, new_dir: str, train_split: str) -> bool:
+  """Whether every `<train_split>.*` file of `old_dir` exists in `new_dir` with the same bytes
+  (data moved or copied elsewhere); False when `old_dir` has none or is gone."""
+  if not (old_dir and new_dir and os.path.isdir(old_dir)):
+    return False
+  names = [n for n in os.listdir(old_dir) if n.startswith(train_split + ".")]
+  return bool(names) and all(
+      os.path.isfile(os.path.join(new_dir, n))
+      and filecmp.cmp(os.path.join(old_dir, n), os.path.join(new_dir, n), shallow=False)
+      for n in names)
 
 
 def _show(v) -> str:

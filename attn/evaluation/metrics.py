@@ -164,6 +164,25 @@ def exact_match_by_bucket(hypotheses: Sequence, references: Sequence, src_length
   return out
 
 
+def bleu_by_bucket(hypotheses: Sequence[str], references: TextRefs, src_lengths,
+                   buckets: int | Sequence[int], *, lowercase: bool = False) -> dict[str, dict]:
+  """Corpus BLEU of each source-length bucket (Bahdanau et al. 2015, Fig. 2, by bucket):
+  {"10-19": {"bleu": 31.2, "sentences": 412}, ...} in increasing length order, empty buckets
+  left out. See length_buckets for `buckets`; references as for `bleu`."""
+  n = len(np.asarray(src_lengths).reshape(-1))
+  if not len(hypotheses) == len(references) == n:
+    raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references and {n} "
+                     "source lengths")
+  labels = length_buckets(src_lengths, buckets)
+  out = {}
+  for label in sorted(set(labels), key=lambda s: int(s.split("-")[0])):
+    idx = [i for i, l in enumerate(labels) if l == label]
+    out[label] = {"bleu": bleu([hypotheses[i] for i in idx], [references[i] for i in idx],
+                               lowercase=lowercase),
+                  "sentences": len(idx)}
+  return out
+
+
 # ----------------------------------------------------------------------------- alignment
 
 def _valid_region(shape, tgt_lengths, src_lengths):

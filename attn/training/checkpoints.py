@@ -138,12 +138,20 @@ def graft(current, restored):
       lambda p, x: old.get(jax.tree_util.keystr(p), x), current)
 
 
-def restore_for_reading(workdir: str, run) -> None:
+def restore_for_reading(workdir: str, run, directory: str | None = None) -> None:
   """Restores a finished run's best checkpoint (else its latest) into `run`, for the tools that
-  read a run without training it; a WorkdirError when `workdir` holds neither."""
+  read a run without training it; a WorkdirError when `workdir` holds neither. `directory`: a
+  checkpoint directory of the run to restore instead (a kept mark, attn.training.marks)."""
   ckpt = Checkpoints(workdir)
   try:
-    if not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
+    if directory is not None:
+      manager = ckpt.ocp.CheckpointManager(os.path.abspath(directory))
+      try:
+        if not ckpt.restore(manager, run):
+          raise WorkdirError(f"{directory} holds no checkpoint to restore")
+      finally:
+        manager.close()
+    elif not (ckpt.restore(ckpt.best, run) or ckpt.restore(ckpt.latest, run)):
       raise WorkdirError(f"{workdir} holds no checkpoint to restore")
   finally:
     ckpt.close()

@@ -66,6 +66,10 @@ class TrainConfig:
       0.0, "stop training (then evaluate) after this much training time of the whole run, "
            "counted across resumes (a rerun that raises train.steps or switches a model "
            "feature on needs a larger budget; one that would train nothing is refused); 0 = off")
+  mark_wall_s: tuple[float, ...] = option(
+      (), "training times (s, as max_wall_s counts them) at which the run evaluates and keeps "
+          "its best checkpoint so far under marks/wall_<s>s/, for scores at equal wall time "
+          "(experiments.score --checkpoints=marks); () = none")
   seed: int = option(0, "parameter initialization and dropout seed")
   compute_dtype: str = option(
       "float32", "float32 | bfloat16: the matmuls' input dtype (bfloat16 accumulates in float32); "
@@ -96,6 +100,12 @@ class TrainConfig:
     check(self.divergence_factor >= 0,
           f"divergence_factor={self.divergence_factor} must be >= 0")
     check(self.max_wall_s >= 0, f"max_wall_s={self.max_wall_s} must be >= 0")
+    marks = self.mark_wall_s
+    marks = tuple(marks) if isinstance(marks, (tuple, list)) else (marks,)
+    check(all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in marks)
+          and list(marks) == sorted(set(marks)),
+          f"mark_wall_s={self.mark_wall_s!r} must be increasing times in seconds, > 0")
+    object.__setattr__(self, "mark_wall_s", tuple(float(m) for m in marks))
     check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
     for name in ("max_decode_len", "min_decode_len", "block_repeat_ngram"):
       check(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")

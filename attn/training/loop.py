@@ -30,7 +30,7 @@ from flax import nnx
 
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
-from attn.training import distributed
+from attn.training import distributed, marks
 from attn.training import evaluation
 from attn.training import resume
 from attn.training.interrupts import InterruptGuard
@@ -202,10 +202,12 @@ def _abstract_state(task: Task, mc, tc: TrainConfig):
   return nnx.split(nnx.eval_shape(build))[1]
 
 
-def load_run(workdir, task: Task | str = "translate") -> Run:
-  """The finished run in `workdir`, its best checkpoint (else the latest) restored into
-  `run.model`, for analysis: the viewer, the diagnosis, notebooks. Reads config.json and the
-  saved vocabularies; writes no config, record or checkpoint."""
+def load_run(workdir, task: Task | str = "translate", *, overrides=None,
+             checkpoint_dir=None) -> Run:
+  """The finished run in `workdir`, its best checkpoint (else the latest; `checkpoint_dir`: a
+  kept mark's) restored into `run.model`, for analysis: the viewer, the diagnosis, scoring.
+  Reads config.json and the saved vocabularies; writes no config, record or checkpoint.
+  overrides: {"data.test_split": ..., "train.beam_size": ...} replacing recorded settings."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   task = get_task(task) if isinstance(task, str) else task
   for name in ("config.json", "results.json"):
@@ -216,8 +218,11 @@ def load_run(workdir, task: Task | str = "translate") -> Run:
           f"--workdir={workdir})")
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(migrate_config(json.load(f)))
+  for path, value in (overrides or {}).items():
+    section, field = path.split(".")
+    config[section][field] = value
   run = _build_run(config, workdir, task, validate_config(config, task), record=False)
-  restore_for_reading(workdir, run)
+  restore_for_reading(workdir, run, checkpoint_dir)
   nnx.update((run.model, run.optimizer), run.state)
   return run
 
@@ -334,12 +339,15 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   line, the evaluation and the saves that are due. True when train.max_wall_s stops training."""
   tc = run.tc
   last_step = run.step == tc.steps
-  out_of_time = bool(tc.max_wall_s) and run.wall_s + time.time() - timing.t_seg >= tc.max_wall_s
-  if jax.process_count() > 1 and tc.max_wall_s:
+  wall_now = run.wall_s + time.time() - timing.t_seg
+  out_of_time = bool(tc.max_wall_s) and wall_now >= tc.max_wall_s
+  mark_now = marks.due(run.workdir, tc.mark_wall_s, wall_now)
+  if jax.process_count() > 1 and (tc.max_wall_s or tc.mark_wall_s):
     out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
-  eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time) and (
+    mark_now = mark_now if distributed.agree(bool(mark_now)) else []
+  eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time or bool(mark_now)) and (
       "eval" in run.bundle.splits)
-  save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time
+  save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time or bool(mark_now)
   log_now = run.step % tc.log_every == 0 or last_step
   if log_now or eval_now or save_now:
     m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
@@ -360,6 +368,8 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
     _evaluate(run, ckpt, writer)
   if save_now:
     resume.save(ckpt, ckpt.latest, run)
+  for seconds in mark_now:  # after the evaluation: best/ is the best as of the mark
+    marks.keep(ckpt, run, seconds)
   if eval_now or save_now:
     timing.t_seg = time.time()
   return out_of_time

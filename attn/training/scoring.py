@@ -1,0 +1,145 @@
+"""Scoring finished runs on any test split, with any of their kept checkpoints.
+
+    rows = scoring.score_workdir("workdirs/m30k", splits=("test_2016_flickr", "test_2017_mscoco"),
+                                 which="both", beam_size=5, data_dir="data/multi30k")
+
+A run scores its own `data.test_split` when it finishes (results.json). This scores it again on
+other splits of the same data (Multi30k's four test sets: `data.dir` must hold them, e.g. what
+`experiments.get_data multi30k` wrote), with best/ and with the checkpoints kept at training-time
+marks (attn.training.marks), so that several runs compare on every test set and at equal wall
+time. The checkpoint of each row was chosen on the eval split only.
+
+Each (checkpoint, split, beam) is decoded once: its scores go to
+`<workdir>/scores/<checkpoint>/<split>.beam<K>.json` (and its outputs to `.txt`), which a rerun
+reads instead of decoding again (`force=True` decodes again).
+
+A row: workdir, checkpoint ("best", "wall_600s"), step (the checkpoint's), wall_s (the run's
+training time when the mark was passed; for best/, at the best step), split, beam_size, sentences, the task's
+scores (BLEU, chrF, ...) and, for BLEU-scored tasks, `bleu_by_src_words`: corpus BLEU per bucket
+of source length in words (whitespace-separated words of the raw source, so that runs with
+different vocabularies, words or subwords, share buckets), with each bucket's sentence count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Callable
+
+from attn.common import files
+from attn.errors import ConfigError
+from attn.evaluation import metrics as metrics_lib
+from attn.training import evaluation, marks
+from attn.training.checkpoints import restore_for_reading
+from attn.training.loop import load_run
+
+log = logging.getLogger(__name__)
+
+WHICH = ("best", "marks", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+  """A checkpoint of a finished run: its name, directory (None: best/, else the latest) and the
+  training time and step at which it was kept (None for best/: read from the checkpoint)."""
+  name: str
+  directory: str | None = None
+  wall_s: float | None = None
+  step: int | None = None
+
+
+def kept_checkpoints(workdir: str, which: str) -> list[Kept]:
+  """best/ ("best"), the kept marks ("marks") or both, in that order; a ConfigError when the
+  workdir kept no mark and marks are asked for."""
+  if which not in WHICH:
+    raise ConfigError(f"checkpoints={which!r} unknown; known: {', '.join(WHICH)}")
+  out = [Kept("best")] if which in ("best", "both") else []
+  if which in ("marks", "both"):
+    found = [Kept(os.path.basename(path), path, float(info["wall_s"]), int(info["kept_step"]))
+             for path, info in marks.kept(workdir)]
+    if not found:
+      raise ConfigError(f"{workdir} kept no checkpoint at a training-time mark (train it with "
+                        "--config.train.mark_wall_s=600,1800,3600)")
+    out += found
+  return out
+
+
+def _cache_path(workdir: str, kept: Kept, split: str, beam_size: int, ext: str) -> str:
+  return os.path.join(workdir, "scores", kept.name, f"{split}.beam{beam_size}.{ext}")
+
+
+def bucket_edges(lengths, width: int, min_count: int) -> list[int]:
+  """Edges [e_0, ..., e_n] of buckets `width` wide over `lengths`, the sparse ends merged into
+  their neighbours until the first and the last bucket hold at least `min_count` lengths (or one
+  bucket is left): a BLEU over a handful of sentences says nothing."""
+  lengths = sorted(int(x) for x in lengths)
+  if not lengths:
+    raise ValueError("no lengths to bucket")
+  edges = list(range(lengths[0] // width * width, lengths[-1] + width + 1, width))
+  count = lambda lo, hi: sum(lo <= x < hi for x in lengths)
+  while len(edges) > 2 and count(edges[0], edges[1]) < min_count:
+    del edges[1]
+  while len(edges) > 2 and count(edges[-2], edges[-1]) < min_count:
+    del edges[-2]
+  return edges
+
+
+def _decode_and_score(run, buckets) -> tuple[dict, list[str]]:
+  """Scores of decoding the run's test split with `run.tc`'s search, and the outputs in order."""
+  hyps = evaluation.decode_split(run, "test", search=run.tc.search())
+  scores = {k: v for k, v in evaluation.score_outputs(run, "test", hyps).items()
+            if isinstance(v, float)}
+  ids = sorted(hyps.text)
+  out = [hyps.text[i] for i in ids]
+  scores["sentences"] = len(ids)
+  if "bleu" in scores:
+    sources, refs = run.bundle.sources("test"), run.bundle.references("test")
+    words = [len(sources[i].split()) for i in ids]
+    width, min_count = buckets
+    scores["bleu_by_src_words"] = metrics_lib.bleu_by_bucket(
+        out, [refs[i] for i in ids], words, bucket_edges(words, width, min_count),
+        lowercase=bool(run.bundle.config.lowercase))
+  return scores, out
+
+
+def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: int = 0,
+                  data_dir: str = "", task: str = "translate", buckets=(5, 50), force: bool = False,
+                  progress: Callable[[str], None] = log.info) -> list[dict]:
+  """The rows (see the module docstring) of `workdir` on each of `splits` (() = its recorded
+  test split) with the checkpoints `which` names; beam_size 0 = the run's train.beam_size;
+  data_dir '' = the run's data.dir; buckets: (width in source words, fewest sentences in the
+  first and last bucket), see `bucket_edges`."""
+  kept = kept_checkpoints(workdir, which)
+  recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
+  splits = tuple(splits) or (recorded.get("data", {}).get("test_split", ""),)
+  beam = beam_size or int(recorded.get("train", {}).get("beam_size", 1))
+  rows = []
+  for split in splits:
+    pending = [k for k in kept if force or (files.read_json(_cache_path(
+        workdir, k, split, beam, "json")) or {}).get("buckets") != list(buckets)]
+    run = None
+    if pending:
+      overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam}
+      if data_dir:
+        overrides["data.dir"] = data_dir
+      run = load_run(workdir, task, overrides=overrides)
+    for k in kept:
+      path = _cache_path(workdir, k, split, beam, "json")
+      if k in pending:
+        restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
+        scores, outputs = _decode_and_score(run, buckets)
+        scores.update(buckets=list(buckets), step=run.step if k.step is None else k.step,
+                      wall_s=run.wall_s if k.wall_s is None else k.wall_s)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        files.write_text(_cache_path(workdir, k, split, beam, "txt"),
+                         "".join(o + "\n" for o in outputs))
+        files.write_json(path, scores)
+      scores = files.read_json(path)
+      row = {"workdir": workdir, "checkpoint": k.name, "split": split, "beam_size": beam,
+             **scores}
+      progress(f"{workdir} {k.name} (step {row['step']}, {row['wall_s'] / 60:.1f} min) {split} "
+               f"beam {beam}: " + ", ".join(f"{m} {row[m]:.2f}" for m in ("bleu", "chrf")
+                                            if m in row))
+      rows.append(row)
+  return rows

@@ -1,0 +1,118 @@
+"""Tables and plots of `attn.training.scoring` rows: every run on every test split, BLEU by
+source length (Bahdanau et al. 2015, Fig. 2) and BLEU against training wall time."""
+
+from __future__ import annotations
+
+import os
+
+from attn.common import files
+from attn.common.tables import markdown_table
+
+BY_LENGTH_PLOT = "bleu_by_src_words.png"
+BY_WALL_PLOT = "bleu_vs_wall.png"
+
+
+def _label(row) -> str:
+  return os.path.basename(os.path.normpath(row["workdir"]))
+
+
+def _runs(rows) -> list[tuple[str, str]]:
+  """(workdir, checkpoint) in first-seen order."""
+  return list(dict.fromkeys((r["workdir"], r["checkpoint"]) for r in rows))
+
+
+def splits_table(rows, metric: str = "bleu") -> str:
+  """One line per (run, checkpoint): its step, training minutes and `metric` on each split."""
+  splits = list(dict.fromkeys(r["split"] for r in rows))
+  cell = {(r["workdir"], r["checkpoint"], r["split"]): r for r in rows}
+  lines = []
+  for wd, ck in _runs(rows):
+    first = next(r for r in rows if r["workdir"] == wd and r["checkpoint"] == ck)
+    lines.append([_label(first), ck, first["step"], f"{first['wall_s'] / 60:.1f}",
+                  *(f"{cell[wd, ck, s][metric]:.2f}" if (wd, ck, s) in cell else ""
+                    for s in splits)])
+  beams = sorted({r["beam_size"] for r in rows})
+  return markdown_table(["run", "checkpoint", "step", "training min",
+                         *(f"{s} {metric} (beam {'/'.join(map(str, beams))})" for s in splits)],
+                        lines)
+
+
+def length_table(rows, split: str) -> str:
+  """BLEU per source-length bucket (words) of each run's best/ on `split`, with counts."""
+  chosen = [r for r in rows if r["split"] == split and r["checkpoint"] == "best"
+            and "bleu_by_src_words" in r]
+  if not chosen:
+    return ""
+  buckets = sorted({b for r in chosen for b in r["bleu_by_src_words"]},
+                   key=lambda b: int(b.split("-")[0]))
+  counts = {b: next(r["bleu_by_src_words"][b]["sentences"] for r in chosen
+                    if b in r["bleu_by_src_words"]) for b in buckets}
+  lines = [[_label(r), *(f"{r['bleu_by_src_words'][b]['bleu']:.2f}"
+                         if b in r["bleu_by_src_words"] else "" for b in buckets)]
+           for r in chosen]
+  return markdown_table(["run", *(f"{b} words ({counts[b]})" for b in buckets)], lines)
+
+
+def plot_by_length(rows, split: str, path: str) -> bool:
+  """BLEU against source length (bucket midpoints), one line per run's best/; False if none."""
+  chosen = [r for r in rows if r["split"] == split and r["checkpoint"] == "best"
+            and "bleu_by_src_words" in r]
+  if not chosen:
+    return False
+  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in chosen:
+    b = r["bleu_by_src_words"]
+    keys = sorted(b, key=lambda k: int(k.split("-")[0]))
+    mid = [sum(map(int, k.split("-"))) / 2 for k in keys]
+    ax.plot(mid, [b[k]["bleu"] for k in keys], marker="o", label=_label(r))
+  ax.set_xlabel("source sentence length (words, bucket midpoint)")
+  ax.set_ylabel(f"BLEU (beam {chosen[0]['beam_size']})")
+  ax.set_title(f"BLEU by source length, {split}")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def plot_vs_wall(rows, split: str, path: str) -> bool:
+  """BLEU against training minutes, one line per run over its kept marks; False if none."""
+  marked = [r for r in rows if r["split"] == split and r["checkpoint"] != "best"]
+  if not marked:
+    return False
+  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for wd in dict.fromkeys(r["workdir"] for r in marked):
+    mine = sorted((r for r in marked if r["workdir"] == wd), key=lambda r: r["wall_s"])
+    ax.plot([r["wall_s"] / 60 for r in mine], [r["bleu"] for r in mine], marker="o",
+            label=_label(mine[0]))
+  ax.set_xlabel("training wall time (min, evaluations left out)")
+  ax.set_ylabel(f"BLEU (beam {marked[0]['beam_size']})")
+  ax.set_title(f"BLEU against training time, {split}")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def write(rows, out: str) -> tuple[str, list[str]]:
+  """scores.md (the tables), scores.json (the rows) and the plots in `out`: (the tables' text,
+  the plots written). The plots read the first split."""
+  os.makedirs(out, exist_ok=True)
+  first = rows[0]["split"]
+  parts = ["## Every run on every split\n", splits_table(rows)]
+  lengths = length_table(rows, first)
+  if lengths:
+    parts += [f"\n## BLEU by source length in words, {first} (sentences per bucket)\n", lengths]
+  text = "\n".join(parts) + "\n"
+  files.write_text(os.path.join(out, "scores.md"), text)
+  files.write_json(os.path.join(out, "scores.json"), rows)
+  plots = [name for name, fn in ((BY_LENGTH_PLOT, plot_by_length), (BY_WALL_PLOT, plot_vs_wall))
+           if fn(rows, first, os.path.join(out, name))]
+  return text, plots

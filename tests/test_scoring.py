@@ -1,0 +1,219 @@
+"""Scoring finished runs again: checkpoints kept at training-time marks, other splits, BLEU by
+source length, the report; and the vocabulary check of data that moved."""
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from attn import training
+from attn.data import vocab_record
+from attn.data.base import DataError
+from attn.errors import ConfigError
+from attn.evaluation import metrics
+from attn.training import evaluation, marks, scoring, scoring_report
+from attn.training.config import TrainConfig
+from experiments import score as score_cli
+from experiments.configs import translate as translate_config
+
+# -- BLEU by source length
+
+
+@pytest.mark.parametrize("lengths,width,min_count,want", [
+    ([3, 7, 12, 12, 18], 5, 1, [0, 5, 10, 15, 20]),
+    ([3, 7, 12, 12, 18], 5, 2, [0, 10, 20]),   # 0-4 joins 5-9 (2 then); the lone 18 joins 10-14
+    ([7, 8, 12, 13, 18, 19], 5, 2, [5, 10, 15, 20]),
+    ([7, 8, 12, 13, 18], 5, 2, [5, 10, 20]),    # the lone 18 joins 10-14
+    ([4, 4, 4], 5, 10, [0, 5]),                 # one bucket left, however few
+])
+def test_bucket_edges(lengths, width, min_count, want):
+  assert scoring.bucket_edges(lengths, width, min_count) == want
+
+
+def test_bucket_edges_refuse_no_lengths():
+  with pytest.raises(ValueError, match="no lengths"):
+    scoring.bucket_edges([], 5, 1)
+
+
+def test_bleu_by_bucket_is_sacrebleu_of_each_subset():
+  rng = np.random.default_rng(0)
+  words = "a man in a red shirt is riding a bike down the street with his dog".split()
+  refs = [" ".join(rng.choice(words, size=rng.integers(3, 14))) for _ in range(40)]
+  hyps = [" ".join(w for w in r.split() if rng.random() > 0.3) or "a" for r in refs]
+  lengths = [len(r.split()) for r in refs]
+  got = metrics.bleu_by_bucket(hyps, refs, lengths, [0, 6, 10, 20])
+  assert list(got) == ["0-5", "6-9", "10-19"]
+  for label, (lo, hi) in zip(got, [(0, 6), (6, 10), (10, 20)]):
+    idx = [i for i, n in enumerate(lengths) if lo <= n < hi]
+    want = sacrebleu.corpus_bleu([hyps[i] for i in idx], [[refs[i] for i in idx]]).score
+    assert got[label] == {"bleu": pytest.approx(want, abs=1e-9), "sentences": len(idx)}
+
+
+def test_bleu_by_bucket_refuses_mismatched_lengths():
+  with pytest.raises(ValueError, match="2 hypotheses, 2 references and 3 source lengths"):
+    metrics.bleu_by_bucket(["a", "b"], ["a", "b"], [1, 2, 3], 5)
+
+
+# -- train.mark_wall_s
+
+
+@pytest.mark.parametrize("marks_in,want", [((600, 1800), (600.0, 1800.0)), (600, (600.0,)),
+                                           ((), ())])
+def test_mark_wall_s_accepted(marks_in, want):
+  assert TrainConfig(mark_wall_s=marks_in).mark_wall_s == want
+
+
+@pytest.mark.parametrize("bad", [(1800, 600), (600, 600), (0,), (-5,), ("600",), (True,)])
+def test_mark_wall_s_refused(bad):
+  with pytest.raises(ConfigError, match="train.mark_wall_s=.* increasing times"):
+    TrainConfig(mark_wall_s=bad)
+
+
+@pytest.fixture(scope="module")
+def marked_run(tmp_path_factory):
+  """A finished smoke run that passed one mark at once (1 ms) and never the other (a day)."""
+  workdir = str(tmp_path_factory.mktemp("marked"))
+  config = translate_config.get_config("smoke")
+  config.model.rnn.decoder = "bahdanau"
+  config.data.num_buckets = 1
+  config.train.steps, config.train.eval_every = 6, 100  # evaluated at the mark and at the end
+  config.train.mark_wall_s = (0.001, 86400.0)
+  results = training.train_and_evaluate(config, workdir)
+  return workdir, results
+
+
+def test_mark_keeps_the_best_checkpoint_as_of_the_mark(marked_run):
+  workdir, _ = marked_run
+  kept = marks.kept(workdir)
+  assert [os.path.basename(p) for p, _ in kept] == ["wall_0.001s"]  # the day was never reached
+  path, info = kept[0]
+  # Passed after the first step: evaluated there, so best/ was that step when it was copied.
+  assert info["step"] == info["kept_step"] == 1
+  assert info["mark_s"] == 0.001 and info["wall_s"] >= 0.001
+  assert set(info["kept_eval"]) >= {"bleu", "perplexity"}
+  assert set(os.listdir(path)) == {"1", marks.INFO}
+  assert not any(n.endswith(".tmp") for n in os.listdir(os.path.join(workdir, marks.MARKS_DIR)))
+
+
+def test_marks_already_kept_are_not_due(tmp_path):
+  os.makedirs(marks.mark_dir(str(tmp_path), 600))
+  assert marks.due(str(tmp_path), (600.0, 1800.0, 3600.0), 2000.0) == [1800.0]
+  assert marks.due(str(tmp_path), (600.0, 1800.0), 100.0) == []
+
+
+def test_score_best_reproduces_the_runs_own_test_score(marked_run):
+  workdir, results = marked_run
+  rows = scoring.score_workdir(workdir, which="both")
+  recorded = json.loads(open(os.path.join(workdir, "config.json")).read())["data"]["test_split"]
+  assert [(r["checkpoint"], r["split"]) for r in rows] == [("best", recorded),
+                                                           ("wall_0.001s", recorded)]
+  best, mark = rows
+  assert best["bleu"] == pytest.approx(results["bleu"], abs=1e-9)
+  assert best["chrf"] == pytest.approx(results["chrf"], abs=1e-9)
+  assert best["step"] == results["best_step"] and mark["step"] == 1
+  assert best["sentences"] == sum(b["sentences"] for b in best["bleu_by_src_words"].values())
+  # What the mark kept is step 1's model, not the final one: scored from its own copy.
+  run = training.load_run(workdir, checkpoint_dir=marks.kept(workdir)[0][0])
+  assert run.step == 1
+  hyps = evaluation.decode_split(run, "test", search=run.tc.search())
+  assert mark["bleu"] == pytest.approx(
+      evaluation.score_outputs(run, "test", hyps)["bleu"], abs=1e-9)
+
+
+def test_scores_are_read_back_not_decoded_again(marked_run, monkeypatch):
+  workdir, _ = marked_run
+  first = scoring.score_workdir(workdir, which="best")
+
+  def refuse(*a, **k):
+    raise AssertionError("decoded again")
+  monkeypatch.setattr(evaluation, "decode_split", refuse)
+  assert scoring.score_workdir(workdir, which="best") == first
+  with pytest.raises(AssertionError, match="decoded again"):  # other buckets: decoded again
+    scoring.score_workdir(workdir, which="best", buckets=(3, 1))
+
+
+def test_marks_asked_of_a_run_that_kept_none(smoke_bahdanau_workdir):
+  with pytest.raises(ConfigError, match="kept no checkpoint at a training-time mark"):
+    scoring.kept_checkpoints(smoke_bahdanau_workdir, "marks")
+  with pytest.raises(ConfigError, match="checkpoints='last' unknown"):
+    scoring.kept_checkpoints(smoke_bahdanau_workdir, "last")
+
+
+# -- the report and the command
+
+
+def _row(wd, ck, split, bleu, wall_s, by_len=None):
+  row = {"workdir": wd, "checkpoint": ck, "split": split, "beam_size": 5, "bleu": bleu,
+         "step": 100, "wall_s": wall_s}
+  if by_len:
+    row["bleu_by_src_words"] = by_len
+  return row
+
+
+def test_report_tables_and_plots(tmp_path):
+  by_len = {"0-9": {"bleu": 40.0, "sentences": 600}, "10-19": {"bleu": 30.0, "sentences": 400}}
+  rows = [_row("w/rnn", "best", "t16", 36.4, 3600, by_len),
+          _row("w/rnn", "best", "t17", 30.25, 3600),
+          _row("w/rnn", "wall_600s", "t16", 30.0, 601),
+          _row("w/tfm", "best", "t16", 40.7, 3500, {"0-9": {"bleu": 45.0, "sentences": 600}})]
+  text, plots = scoring_report.write(rows, str(tmp_path))
+  assert "| rnn | best | 100 | 60.0 | 36.40 | 30.25 |" in text
+  assert "| rnn | wall_600s | 100 | 10.0 | 30.00 |  |" in text
+  assert "| run | 0-9 words (600) | 10-19 words (400) |" in text
+  assert "| tfm | 45.00 |  |" in text
+  assert plots == [scoring_report.BY_LENGTH_PLOT, scoring_report.BY_WALL_PLOT]
+  for name in plots:
+    with open(tmp_path / name, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert json.loads((tmp_path / "scores.json").read_text()) == rows
+
+
+def test_score_command_refuses_what_it_cannot_score(tmp_path):
+  with pytest.raises(ConfigError, match="--workdirs: give at least one"):
+    score_cli.ScoreSettings()
+  with pytest.raises(ConfigError, match="--beam_size must be >= 0"):
+    score_cli.ScoreSettings(workdirs=("w",), beam_size=-1)
+  with pytest.raises(ConfigError, match="has no results.json: not a finished run"):
+    score_cli._experiment(str(tmp_path))  # pylint: disable=protected-access
+
+
+# -- data that moved keeps its vocabularies
+
+
+def _files(directory, text):
+  os.makedirs(directory, exist_ok=True)
+  for lang in ("de", "en"):
+    with gzip.open(os.path.join(directory, f"train.{lang}.gz"), "wt") as f:
+      f.write(text)
+
+
+def test_same_training_files(tmp_path):
+  old, same, other = tmp_path / "old", tmp_path / "same", tmp_path / "other"
+  _files(old, "ein hund\n")
+  _files(same, "ein hund\n")
+  _files(other, "zwei hunde\n")
+  assert vocab_record.same_training_files(str(old), str(same), "train")
+  assert not vocab_record.same_training_files(str(old), str(other), "train")
+  assert not vocab_record.same_training_files(str(tmp_path / "gone"), str(same), "train")
+  assert not vocab_record.same_training_files(str(old), str(same), "val")  # no val.* there
+
+
+def test_vocab_check_accepts_moved_data_and_refuses_other_data(tmp_path):
+  from attn.data.config import DataConfig
+  from attn.data import pipeline  # registers the sources
+  from attn.data.base import SOURCES
+  old, moved, other, workdir = (tmp_path / n for n in ("old", "moved", "other", "wd"))
+  _files(old, "ein hund\n")
+  _files(moved, "ein hund\n")
+  _files(other, "zwei hunde\n")
+  os.makedirs(workdir)
+  cfg = lambda d: DataConfig(task="parallel_text", dir=str(d), src_lang="de", tgt_lang="en")
+  source = SOURCES.get("parallel_text")(cfg(old))
+  vocab_record.write(cfg(old), source, str(workdir))
+  (workdir / "vocab.src.json").write_text("{}")
+  vocab_record.check(cfg(moved), source, str(workdir))  # the same files elsewhere: accepted
+  with pytest.raises(DataError, match="data.dir=.*old.* there, .*other.* here"):
+    vocab_record.check(cfg(other), source, str(workdir))
