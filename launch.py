@@ -12,10 +12,11 @@ tabulate and plot the results.
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
         --workdir=workdirs/seeds --sweep=model.rnn.decoder=none,bahdanau --seeds=0,1,2
     # an ablation, one factor at a time from the preset's values (a `base` run, then each
-    # listed value alone), three seeds each
+    # listed value alone), three seeds each; exact match per source-length bucket (one column
+    # each) and AER, each mean ± std, marked where a setting beats or trails base beyond both stds
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo_transformer \
         --workdir=workdirs/ablate_heads --vary=model.transformer.num_heads=1,2,8 --seeds=0,1,2 \
-        --parallel=2
+        --parallel=2 --metrics=exact_match,exact_match_by_src_len,aer,attention_on_gold
     # the same as one Slurm job array; when it has ended, the same command with --collect
     python launch.py --experiment=translate --config=experiments/configs/translate.py:demo \
         --workdir=workdirs/cluster --sweep=model.rnn.decoder=none,bahdanau --seeds=0,1,2 \
@@ -50,15 +51,25 @@ or never started) and the failed ones, and writes the table for what has finishe
 
 --seeds=0,1,2 runs every combination once per seed (it sets train.seed; the run's name gains
 `seed=K`), and the table reports, per combination, the mean ± std (ddof=1) over its finished seeds
-of each metric (an integer equal over seeds, like params, is shown once), with n, the number of
+of each column (an integer equal over seeds, like params, is shown once), with n, the number of
 seeds it averages; the per-seed rows follow in a second table, and the plot shows the means with
-std error bars. Without --seeds the table has one row per run.
+std error bars. Without --seeds the table has one row per run. With --vary and --seeds, a cell
+is marked "(better)" or "(worse)" than the `base` row's only when the means differ by more than
+the sum of the two stds, in the direction that is better for its metric (lower for aer, higher
+for exact match; attn/launching/spread.py holds both the rule and the directions); the notes
+under the table state the rule.
 
 launch writes <workdir>/results.md (the command and the table; failed and refused runs say
-"failed", unfinished ones "pending") and <workdir>/results.png (the first --metric), and exits 1
+"failed", unfinished ones "pending") and <workdir>/results.png (the first column), and exits 1
 if any run failed or was refused (with --collect, also if any is pending), else 0. The table's
 columns are --metrics, by default the experiment's own (translate: BLEU and exact match;
-summarize: ROUGE); a name no run of the experiment reports is refused before anything runs.
+summarize: ROUGE); a name no run of the experiment reports is refused before anything runs. A
+field that holds a dict or list (translate's exact_match_by_src_len, by source-length bucket) is
+tabulated one column per entry, named <field>.<key> (exact_match_by_src_len.10-19), each with its
+own mean ± std; --metrics=exact_match_by_src_len.10-19 tabulates that one entry. A field a
+finished run's results.json lacks (aer where no attention weights were formed, a bucket with no
+example) is not averaged over the others: the cell says "missing" (per run) or "missing in k of
+n" (per combination), and a line on stderr names the runs.
 
 --experiment names one of the experiments launch.py runs (attn/launching/entry_points.py:
 translate, summarize); the other entry points under experiments/ are run directly. This file
@@ -95,7 +106,9 @@ def define_flags(fv):
                             "values other than the base's).", flag_values=fv)
   flags.DEFINE_list("seeds", [], f"Run every combination once per seed (sets {sweeps.SEED_KEY}); "
                     "the table reports mean ± std over seeds.", flag_values=fv)
-  flags.DEFINE_list("metrics", [], "results.json fields tabulated (the first is plotted); default: "
+  flags.DEFINE_list("metrics", [], "results.json fields tabulated (the first column is plotted); "
+                    "a dict- or list-valued field (exact_match_by_src_len) gives one column per "
+                    "entry, <field>.<key> picks one (exact_match_by_src_len.10-19); default: "
                     "the experiment's own (" + "; ".join(
                         f"{n}: {','.join(e.metrics)}" for n, e in entry_points.EXPERIMENTS.items())
                     + ").", flag_values=fv)

@@ -278,6 +278,7 @@ def test_docstring_examples_are_valid_configs(monkeypatch):
   for args in examples:
     opts = launch.parse_args(["launch.py", *args])
     launchers.make(opts)  # the launcher's flags are valid too
+    entry_points.metrics(opts.experiment, opts.metrics)  # and its --metrics
     seeds = sweeps.parse_seeds(opts.seeds, opts.set, opts.sweep)
     runs = sweeps.plan(opts.experiment, opts.config, opts.workdir, opts.set, opts.sweep, seeds)
     assert entry_points.check_configs(entry_points.load_experiment(opts.experiment), opts.config, runs) == [], \

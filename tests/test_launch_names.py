@@ -46,7 +46,12 @@ def test_summarize_is_tabulated_and_plotted_with_rouge_by_default(tmp_path, fake
     ("summarize", SUMMARIZE, "rouge1,rogue2", "rogue2 is"),
     ("translate", "--config=experiments/configs/translate.py:smoke", "blue,exact_match,wal_s",
      "blue, wal_s are"),
-    ("translate", "--config=experiments/configs/translate.py:smoke", "rouge1", "rouge1 is")])
+    ("translate", "--config=experiments/configs/translate.py:smoke", "rouge1", "rouge1 is"),
+    # a dotted name walks into a nested field only: bleu is a number, exact_match_by_src_lenn
+    # is misspelled
+    ("translate", "--config=experiments/configs/translate.py:smoke",
+     "bleu.10-19,exact_match_by_src_len.10-19,exact_match_by_src_lenn.0-9",
+     "bleu.10-19, exact_match_by_src_lenn.0-9 are")])
 def test_a_misspelled_metric_is_one_line_before_anything_runs(tmp_path, fake, capsys, experiment,
                                                               config, metrics, bad):
   # Before: an empty column, after every run had trained.
@@ -59,9 +64,12 @@ def test_a_misspelled_metric_is_one_line_before_anything_runs(tmp_path, fake, ca
   assert len(err) == 1, err
   assert err[0].startswith(f"error: --metrics={metrics}: {bad} not in a {experiment} run's "
                            "results; known: "), err
-  known = err[0].split("known: ")[1].split(", ")
-  assert known == list(entry_points.EXPERIMENTS.get(experiment).known_metrics)
-  assert set(entry_points.metrics(experiment)) <= set(known)
+  exp = entry_points.EXPERIMENTS.get(experiment)
+  known, _, nested = err[0].split("known: ")[1].partition("; nested (whole, or <field>.<key> "
+                                                          "for one entry): ")
+  assert known.split(", ") == list(exp.known_metrics)
+  assert (nested.split(", ") if nested else []) == list(exp.nested)
+  assert set(entry_points.metrics(experiment)) <= set(known.split(", "))
   assert list(tmp_path.iterdir()) == []
 
 

@@ -31,16 +31,19 @@ class Experiment:
   """An experiment trains the task of its name (attn.training.TASKS). module: what `python -m`
   runs; doc: one line for listings; metrics: the results.json fields launch tabulates by default
   (the first is plotted); scores: the task's scores (each also `<name>_greedy` when a run decodes
-  with a beam); figures: its other figures."""
+  with a beam); figures: its other figures; nested: its fields that hold a dict (by bucket) or a
+  list (by layer) of numbers, tabulated one column per entry (attn.launching.columns)."""
   module: str
   doc: str = ""
   metrics: tuple[str, ...] = ()
   scores: tuple[str, ...] = ()
   figures: tuple[str, ...] = ()
+  nested: tuple[str, ...] = ()
 
   @property
   def known_metrics(self) -> tuple[str, ...]:
-    """Every numeric field a finished run of this experiment can have in results.json."""
+    """Every numeric field a finished run of this experiment can have in results.json (the
+    nested ones apart)."""
     return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
             + RUN_FIGURES)
 
@@ -50,7 +53,8 @@ EXPERIMENTS: Registry[Experiment] = Registry("experiment", error=ConfigError)
 EXPERIMENTS.add("translate", Experiment(
     "experiments.translate", "seq2seq translation",
     metrics=("bleu", "exact_match", "params", "tokens_per_sec", "wall_s"),
-    scores=("bleu", "chrf", "exact_match"), figures=("aer", "attention_on_gold")))
+    scores=("bleu", "chrf", "exact_match"), figures=("aer", "attention_on_gold"),
+    nested=("exact_match_by_src_len",)))
 EXPERIMENTS.add("summarize", Experiment(
     "experiments.summarize", "summarization: attention, pointer-generator, coverage",
     metrics=(*_ROUGE, "params", "tokens_per_sec", "wall_s"),
@@ -60,11 +64,15 @@ EXPERIMENTS.add("summarize", Experiment(
 EXPERIMENTS.add("caption", Experiment(
     "experiments.caption", "image captioning: attention over image regions",
     metrics=("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s"),
-    scores=("digit_accuracy", "exact_match"), figures=("aer", "attention_on_gold")))
+    scores=("digit_accuracy", "exact_match"), figures=("aer", "attention_on_gold"),
+    nested=("exact_match_by_digits", "digit_accuracy_by_digits")))
 EXPERIMENTS.add("recommend", Experiment(
     "experiments.recommend", "next-item recommendation: self-attention, mean-pooling, GRU",
     metrics=("hr10", "ndcg10", "attention_on_gold", "params", "wall_s"),
-    scores=("hr10", "ndcg10"), figures=("attention_on_gold", "random_hr10", "users")))
+    scores=("hr10", "ndcg10"), figures=("attention_on_gold", "random_hr10", "users"),
+    nested=("hr10_by_length", "ndcg10_by_length", "attention_on_gold_by_length",
+            "attention_on_gold_by_layer", "attention_on_gold_by_layer_and_length",
+            "gold_is_argmax_by_layer")))
 
 
 def experiment(name: str) -> Experiment:
@@ -75,18 +83,29 @@ def experiment(name: str) -> Experiment:
   return EXPERIMENTS.get(name)
 
 
+def _not_a_metric(exp: Experiment, name: str) -> bool:
+  """Whether --metrics `name` names nothing a run of `exp` reports: neither a known field nor,
+  dotted, an entry of one of its nested fields (which entries exist depends on the data)."""
+  field, dotted, _ = name.partition(".")
+  return field not in (exp.nested if dotted else exp.known_metrics + exp.nested)
+
+
 def metrics(name: str, given=None) -> tuple[str, ...]:
   """The results.json fields a launch of experiment `name` tabulates: `given` (--metrics), else
-  the experiment's own default. ConfigError (one line) naming the misspelled ones and listing
-  the known names."""
+  the experiment's own default. A nested field (exp.nested) is given whole (one column per entry)
+  or dotted (`exact_match_by_src_len.10-19`: one entry). ConfigError (one line) naming the
+  misspelled ones and listing the known names."""
   exp = experiment(name)
   if not given:
     return exp.metrics
-  unknown = [m for m in given if m not in exp.known_metrics]
+  unknown = [m for m in given if _not_a_metric(exp, m)]
   if unknown:
+    nested = (f"; nested (whole, or <field>.<key> for one entry): {', '.join(exp.nested)}"
+              if exp.nested else "")
     raise ConfigError(f"--metrics={','.join(given)}: {', '.join(unknown)} "
                       f"{'is' if len(unknown) == 1 else 'are'} not in a {name} run's results; "
-                      f"known: {', '.join(exp.known_metrics)}")
+                      f"known: {', '.join(exp.known_metrics)}"
+                      f"{nested}")
   return tuple(given)
 
 

@@ -14,6 +14,7 @@ from attn.errors import ConfigError
 from attn.launching import cli, entry_points, launchers, report, rundirs
 
 SEED_KEY = "train.seed"  # the override --seeds sets (TrainConfig.seed: initialization, dropout)
+BASE = "base"  # the --vary ablation's run at the config's own values, which the others vary
 
 
 def parse_axis(spec):
@@ -65,12 +66,12 @@ def grid(sweeps, names=None):
 
 
 def one_at_a_time(varies, names=None):
-  """An ablation: [("base", [])] then one run per value of each axis, alone:
+  """An ablation: [(BASE, [])] then one run per value of each axis, alone:
   [('heads=2', [('model.heads', '2')]), ...]. Refuses an axis given twice (ConfigError).
   names: as for `grid`."""
   axes = _axes(varies, "vary")
   names = names or labels(k for k, _ in axes)
-  runs = [("base", [])]
+  runs = [(BASE, [])]
   for key, values in axes:
     runs += [(f"{names[key]}={v}", [(key, v)]) for v in values]
   return runs
@@ -171,4 +172,5 @@ def launch(opts, argv) -> int:
   todo = rundirs.survey(runs, opts.collect)
   if todo:
     launcher.start(todo, opts.workdir)
-  return report.summarize(runs, opts.workdir, list(metrics), seeds, argv, collect=opts.collect)
+  return report.summarize(runs, opts.workdir, list(metrics), seeds, argv, collect=opts.collect,
+                          base=BASE if opts.vary else None)
