@@ -309,3 +309,77 @@ def test_a_split_without_annotations_keeps_the_subject_scoring(anns, annotated):
   else:  # only the annotated example enters the annotation figure, every one the subject's
     assert got["annotated_examples"] == 1 and got["rouge1"] == pytest.approx(100)
     assert got["rouge1_subject"] == pytest.approx(subject)
+
+
+# ---------------------------------------------------------------------------------------------
+# The aeslc_test preset: train on train, choose on dev, score the published test split
+
+
+def _aeslc_release(directory, with_test=True):
+  """A tiny stand-in for what `get_data aeslc` writes: train without annotations, dev and test
+  with ann0..ann2 (test's subjects and annotations differ, so scores tell them apart)."""
+  rng = random.Random(1)
+  os.makedirs(directory, exist_ok=True)
+
+  def record(i, annotated):
+    words = rng.sample(FILLERS, 5)
+    r = {"email": " ".join(words), "subject": " ".join(words[:2]), "id": f"x_{i}"}
+    if annotated:
+      r.update(ann0=" ".join(words[1:3]), ann1=words[0], ann2=" ".join(words[2:5]))
+    return r
+
+  _write_jsonl(os.path.join(directory, "train.jsonl.gz"), [record(i, False) for i in range(40)])
+  _write_jsonl(os.path.join(directory, "dev.jsonl.gz"), [record(i, True) for i in range(6)])
+  if with_test:
+    _write_jsonl(os.path.join(directory, "test.jsonl.gz"), [record(i, True) for i in range(5)])
+
+
+def _aeslc_test_config(directory, tmp_path):
+  c = summarize_configs.get_config("aeslc_test")
+  c.data.update(dict(dir=str(directory), cache_dir=str(tmp_path / "cache"), max_src_len=8,
+                     max_tgt_len=4, vocab_size=0, min_freq=1, batch_size=4, num_buckets=1,
+                     num_threads=0))
+  c.model.rnn.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, pointer=True))
+  c.train.update(dict(steps=2, eval_every=1, checkpoint_every=2, log_every=1, warmup_steps=1,
+                      eval_decode_sentences=6, beam_size=2, max_decode_len=4,
+                      attention_samples=1, max_wall_s=0))
+  return c
+
+
+def test_aeslc_test_chooses_on_dev_and_scores_test_both_ways(tmp_path, monkeypatch):
+  from attn.training import summarization  # pylint: disable=import-outside-toplevel
+
+  d = tmp_path / "aeslc"
+  _aeslc_release(d)
+  c = _aeslc_test_config(d, tmp_path)
+  assert (c.data.eval_split, c.data.test_split) == ("dev", "test")
+  scored, real = [], summarization.SummarizationTask.score
+
+  def spy(self, bundle, role, hyps, src_lengths):
+    scored.append((role, len(hyps)))
+    return real(self, bundle, role, hyps, src_lengths)
+
+  monkeypatch.setattr(summarization.SummarizationTask, "score", spy)
+  res = training.train_and_evaluate(c, str(tmp_path / "wd"), task="summarize")
+  # Every evaluation during training read dev (6 emails); test (5) only at the end, beam then greedy.
+  assert scored == [("eval", 6), ("eval", 6), ("test", 5), ("test", 5)], scored
+  assert res["split"] == "test" and res["rouge_references"] == "ann0,ann1,ann2"
+  assert res["annotated_examples"] == 5
+  for t in ("rouge1", "rouge2", "rougeL"):
+    for key in (t, f"{t}_max", f"{t}_subject", f"{t}_greedy", f"{t}_subject_greedy"):
+      assert np.isfinite(res[key]), key
+    assert res[f"{t}_max"] >= res[t]
+  assert "rouge1_subject" in res["best_eval"]  # the dev figures that chose the checkpoint
+  with open(tmp_path / "wd" / "predictions.txt") as f:
+    assert len(f.read().splitlines()) == 5
+
+
+def test_aeslc_test_without_a_test_file_names_the_get_data_command(tmp_path):
+  d = tmp_path / "shared" / "aeslc"
+  _aeslc_release(d, with_test=False)  # the team's shared copy: train and dev only
+  c = _aeslc_test_config(d, tmp_path)
+  with pytest.raises(data.DataError) as e:
+    data.load(c.data)
+  assert str(e.value) == (
+      f"no file test.jsonl[.gz] in {d} (it holds: dev.jsonl.gz, train.jsonl.gz); `python -m "
+      f"experiments.get_data aeslc --dir={d.parent}` downloads the published files to {d}")
