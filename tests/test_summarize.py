@@ -361,7 +361,7 @@ def test_aeslc_test_chooses_on_dev_and_scores_test_both_ways(tmp_path, monkeypat
 
   monkeypatch.setattr(summarization.SummarizationTask, "score", spy)
   res = training.train_and_evaluate(c, str(tmp_path / "wd"), task="summarize")
-  # Every evaluation during training read dev (6 emails); test (5) only at the end, beam then greedy.
+  # Every evaluation during training read dev (6 emails); test (5) only at the end: beam, greedy.
   assert scored == [("eval", 6), ("eval", 6), ("test", 5), ("test", 5)], scored
   assert res["split"] == "test" and res["rouge_references"] == "ann0,ann1,ann2"
   assert res["annotated_examples"] == 5

@@ -8,14 +8,15 @@ AESLC's dev and test: `ann0`-`ann2`, three subject lines written by annotators, 
 sender's own subject), kept apart, never pooled into one reference set:
 
 - Against the annotations (`rouge1`, `rouge2`, `rougeL`: each example's mean F1 over its
-  annotations; `*_max`: its best annotation), the references of the AESLC paper's test figures
-  (Zhang & Tetreault, ACL 2019, "This Email Could Save Your Life", aclanthology.org/P19-1043;
-  data: github.com/ryanzhumich/AESLC, whose repository holds the data and a README, no scoring
-  code). NOT VERIFIED: how the paper combines an example's three annotations (mean, best, or
+  annotations; `*_max`: its best annotation): the references the AESLC release adds for
+  evaluation (Zhang & Tetreault, ACL 2019, "This Email Could Save Your Life",
+  aclanthology.org/P19-1043; data: github.com/ryanzhumich/AESLC, whose repository holds the data
+  and a README, no scoring code). NOT VERIFIED, as only the paper's abstract and introduction
+  could be read here: how the paper combines an example's three annotations (mean, best, or
   ROUGE-1.5.5's pooled multi-reference counts), which ROUGE package and options it ran (stemming,
-  tokenization), and whether the sender's subject is among its references: only the paper's
-  abstract and introduction could be read here. Both the mean and the best are reported so the
-  comparison can be made either way; neither is claimed to be the paper's.
+  tokenization), and whether the sender's subject is also among its references. Both the mean
+  and the best are reported so the comparison can be made either way; neither is claimed to be
+  the paper's.
 - Against the target field alone (`*_subject`): the single reference PEGASUS scores AESLC with.
   PEGASUS reads TFDS `aeslc` (google-research/pegasus, pegasus/params/public_params.py
   `aeslc_transformer`: test_pattern "tfds:aeslc-test"), whose `subject_line` is the lines after
