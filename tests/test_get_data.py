@@ -350,8 +350,8 @@ def test_aeslc_downloads_into_the_layout_the_preset_reads(tmp_path, server):
   cfg.update(dir=directory, cache_dir=str(tmp_path / "cache"), test_split="test", batch_size=2,
              num_buckets=1, reference_fields=("ann0", "ann1", "ann2"))
   bundle = data.load(cfg, str(tmp_path / "work"))
-  assert bundle.reference_sets("test") == [["Huntley/question", "favor", "title policy",
-                                               "copy of title policy"]]
+  assert bundle.references("test") == ["Huntley/question"]
+  assert bundle.annotations("test") == [["favor", "title policy", "copy of title policy"]]
 
 
 def test_an_interrupted_aeslc_conversion_leaves_no_half_written_file(tmp_path, server, monkeypatch):

@@ -100,12 +100,12 @@ def test_reference_fields_read_from_eval_records_only(tmp_path, annotated):
   # A first load without reference fields caches records without them: the builder config must
   # change with the fields, or the second load would read stale records.
   plain = data.load(mail_config(tmp_path, annotated))
-  assert plain.reference_sets("eval") == [["Lunch"], ["Budget"]]
+  assert plain.annotations("eval") == [[], []]
   bundle = data.load(mail_config(tmp_path, annotated, reference_fields=("ann0", "ann1", "ann2")))
-  assert bundle.reference_sets("eval") == [["Lunch", "lunch at noon", "noon lunch", "lunch time"],
-                                           ["Budget", "final budget", "budget done"]]
+  assert bundle.annotations("eval") == [["lunch at noon", "noon lunch", "lunch time"],
+                                        ["final budget", "budget done"]]  # the empty ann1 left out
   assert bundle.references("eval") == ["Lunch", "Budget"]  # the target only, as before
-  assert bundle.reference_sets("train")[0] == ["draft 0"]  # training files lack the fields
+  assert bundle.annotations("train")[0] == []  # training files lack the fields
 
 
 def test_a_missing_reference_field_names_file_line_and_field(tmp_path, annotated):
@@ -296,9 +296,9 @@ def test_tfds_reference_fields(tmp_path):
     cfg.reference_fields = ("ann0", "ann1")
     with pytest.raises(data.DataError, match=r"TFDS aeslc: no field\(s\) \['ann1'\]"):
       data.load(cfg)
-  sets = bundle.reference_sets("test")
-  assert [s[0] for s in sets] == bundle.references("test")
-  assert all(len(s) == 2 and s[1].split() == s[0].split()[::-1] for s in sets)
+  sets, targets = bundle.annotations("test"), bundle.references("test")
+  assert len(sets) == len(targets)
+  assert all(len(s) == 1 and s[0].split() == t.split()[::-1] for s, t in zip(sets, targets))
 
 
 # ---------------------------------------------------------------------------------------------

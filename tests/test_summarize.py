@@ -202,10 +202,10 @@ def test_cnn_dailymail_through_the_pipeline_with_mock_data(tmp_path):
     assert len(f.read().splitlines()) == 6
 
 
-def test_reference_fields_listing_the_target_are_refused_and_rouge_means_distinct_references(
+def test_reference_fields_listing_the_target_are_refused_and_the_subject_is_scored_apart(
     tmp_path):
-  # Before: data.reference_fields=subject,ann0 scored the subject twice, and the mean over an
-  # example's references leaned to it ((2 F(subject) + F(ann0)) / 3).
+  # Before: data.reference_fields=subject,ann0 scored the subject twice; later the subject and
+  # the annotations were pooled into one mean. Now the subject is never an annotation.
   d = tmp_path / "mail"
   d.mkdir()
   _write_jsonl(d / "train.jsonl.gz", [{"email": "cat dog sun", "subject": "cat dog"}] * 4)
@@ -219,16 +219,167 @@ def test_reference_fields_listing_the_target_are_refused_and_rouge_means_distinc
   assert p.returncode == 2, p.stderr[-2000:]
   errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
   assert errors == ["error: data config: reference_fields=subject,ann0 lists the target field "
-                    "'subject', which is always the first reference (it would be scored twice); "
-                    "list only the other references"], p.stderr[-2000:]
+                    "'subject', which is scored on its own (rouge*_subject); list only the other "
+                    "references"], p.stderr[-2000:]
   assert not (tmp_path / "wd").exists()
   c = summarize_configs.get_config("smoke")
   c.data.update(dict(dir=str(d), reference_fields=("ann0",), cache_dir=str(tmp_path / "cache"),
                      min_freq=1, num_threads=0))
   bundle = data.load(c.data)
   scores = training.get_task("summarize").score(bundle, "test", {0: "cat dog sun"}, {0: 4})
-  # By hand, ROUGE-1 F1 of "cat dog sun": against "cat dog" P = 2/3, R = 1 -> 0.8; against
-  # "sun moon" P = 1/3, R = 1/2 -> 0.4. The mean over the two references is 60 (the subject
-  # counted twice gave 66.7), the best 80.
-  assert scores["rouge1"] == pytest.approx(100 * (0.8 + 0.4) / 2)
-  assert scores["rouge1_max"] == pytest.approx(80)
+  # By hand, ROUGE-1 F1 of "cat dog sun": against the annotation "sun moon" P = 1/3, R = 1/2 ->
+  # 0.4; against the subject "cat dog" P = 2/3, R = 1 -> 0.8 (pooled, the mean was 60).
+  assert scores["rouge1"] == scores["rouge1_max"] == pytest.approx(40)
+  assert scores["rouge1_subject"] == pytest.approx(80)
+  assert scores["rouge_references"] == "ann0" and scores["annotated_examples"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Two protocols on an annotated split: the annotations (the AESLC paper's references) and the
+# sender's subject alone (PEGASUS's); attn.training.summarization.summary_rouge
+
+
+def _f1(p, r):
+  return 2 * p * r / (p + r) if p + r else 0.0
+
+
+# (hypotheses, subjects, annotations, figures known by hand: key -> value x100)
+_HAND = {
+    "one annotation": (
+        ["cat dog sun"], ["cat dog"], [["sun moon"]],
+        # unigrams: vs "sun moon" P = 1/3, R = 1/2; vs "cat dog" P = 2/3, R = 1. Bigrams: none of
+        # "sun moon"; "cat dog" P = 1/2, R = 1. LCS: "sun" and "cat dog".
+        {"rouge1": _f1(1 / 3, 1 / 2), "rouge2": 0.0, "rougeL": _f1(1 / 3, 1 / 2),
+         "rouge1_subject": _f1(2 / 3, 1), "rouge2_subject": _f1(1 / 2, 1),
+         "rougeL_subject": _f1(2 / 3, 1)}),
+    "three annotations": (
+        ["the cat sat on the mat"], ["mat"],
+        [["the cat sat on the mat", "a cat sat", "the dog ran away"]],
+        # vs "a cat sat" P = 2/6, R = 2/3; vs "the dog ran away" P = 1/6, R = 1/4; bigram "cat
+        # sat" P = 1/5, R = 1/2; vs "mat" P = 1/6, R = 1 and no bigram.
+        {"rouge1": (1 + _f1(1 / 3, 2 / 3) + _f1(1 / 6, 1 / 4)) / 3, "rouge1_max": 1.0,
+         "rouge2": (1 + _f1(1 / 5, 1 / 2)) / 3, "rouge2_max": 1.0,
+         "rouge1_subject": _f1(1 / 6, 1), "rouge2_subject": 0.0}),
+    "stemmed, two examples": (
+        ["cats running", "budget final"], ["cat runs", "final budget"],
+        [["running cat", "dogs"], ["the budget"]],
+        # "cats running" stems to "cat run": vs "running cat" 1, vs "dogs" 0 -> mean 1/2, best 1;
+        # "budget final" vs "the budget": P = 1/2, R = 1/2.
+        {"rouge1": (0.5 + 0.5) / 2, "rouge1_max": (1 + 0.5) / 2, "rouge1_subject": 1.0,
+         "rougeL_subject": (1 + 0.5) / 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HAND))
+def test_annotations_and_subject_are_scored_apart(name):
+  from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel
+  from attn.training.summarization import summary_rouge  # pylint: disable=import-outside-toplevel
+
+  hyps, subjects, anns, by_hand = _HAND[name]
+  got = summary_rouge(hyps, subjects, anns)
+  types = ("rouge1", "rouge2", "rougeL")
+  assert set(got) == {*types, *(f"{t}_max" for t in types), *(f"{t}_subject" for t in types),
+                      "annotated_examples"}
+  assert got["annotated_examples"] == len(hyps)
+  for key, value in by_hand.items():
+    assert got[key] == pytest.approx(100 * value), key
+  # rouge-score itself, one pair at a time: the mean and the best over an example's
+  # annotations, the subject alone; each averaged over the examples.
+  scorer = rouge_scorer.RougeScorer(list(types), use_stemmer=True)
+  for t in types:
+    f = [[scorer.score(a, h)[t].fmeasure for a in refs] for h, refs in zip(hyps, anns)]
+    assert got[t] == pytest.approx(100 * np.mean([np.mean(x) for x in f]))
+    assert got[f"{t}_max"] == pytest.approx(100 * np.mean([max(x) for x in f]))
+    assert got[f"{t}_subject"] == pytest.approx(
+        100 * np.mean([scorer.score(s, h)[t].fmeasure for s, h in zip(subjects, hyps)]))
+
+
+@pytest.mark.parametrize("anns,annotated", [([[], []], 0), ([["the cat"], []], 1)])
+def test_a_split_without_annotations_keeps_the_subject_scoring(anns, annotated):
+  from attn.training.summarization import summary_rouge  # pylint: disable=import-outside-toplevel
+
+  hyps, subjects = ["the cat", "a dog ran"], ["the cat sat", "a dog"]
+  got = summary_rouge(hyps, subjects, anns)
+  # ROUGE-1 F1 by hand: "the cat" vs "the cat sat" P = 1, R = 2/3 -> 0.8; "a dog ran" vs "a dog"
+  # P = 2/3, R = 1 -> 0.8.
+  subject = 80.0
+  if not annotated:  # training-like: rougeN against the subject, *_max the same, nothing else
+    assert sorted(got) == ["rouge1", "rouge1_max", "rouge2", "rouge2_max", "rougeL", "rougeL_max"]
+    assert got["rouge1"] == got["rouge1_max"] == pytest.approx(subject)
+  else:  # only the annotated example enters the annotation figure, every one the subject's
+    assert got["annotated_examples"] == 1 and got["rouge1"] == pytest.approx(100)
+    assert got["rouge1_subject"] == pytest.approx(subject)
+
+
+# ---------------------------------------------------------------------------------------------
+# The aeslc_test preset: train on train, choose on dev, score the published test split
+
+
+def _aeslc_release(directory, with_test=True):
+  """A tiny stand-in for what `get_data aeslc` writes: train without annotations, dev and test
+  with ann0..ann2 (test's subjects and annotations differ, so scores tell them apart)."""
+  rng = random.Random(1)
+  os.makedirs(directory, exist_ok=True)
+
+  def record(i, annotated):
+    words = rng.sample(FILLERS, 5)
+    r = {"email": " ".join(words), "subject": " ".join(words[:2]), "id": f"x_{i}"}
+    if annotated:
+      r.update(ann0=" ".join(words[1:3]), ann1=words[0], ann2=" ".join(words[2:5]))
+    return r
+
+  _write_jsonl(os.path.join(directory, "train.jsonl.gz"), [record(i, False) for i in range(40)])
+  _write_jsonl(os.path.join(directory, "dev.jsonl.gz"), [record(i, True) for i in range(6)])
+  if with_test:
+    _write_jsonl(os.path.join(directory, "test.jsonl.gz"), [record(i, True) for i in range(5)])
+
+
+def _aeslc_test_config(directory, tmp_path):
+  c = summarize_configs.get_config("aeslc_test")
+  c.data.update(dict(dir=str(directory), cache_dir=str(tmp_path / "cache"), max_src_len=8,
+                     max_tgt_len=4, vocab_size=0, min_freq=1, batch_size=4, num_buckets=1,
+                     num_threads=0))
+  c.model.rnn.update(dict(emb_dim=8, enc_hidden=8, dec_hidden=8, d_attn=8, pointer=True))
+  c.train.update(dict(steps=2, eval_every=1, checkpoint_every=2, log_every=1, warmup_steps=1,
+                      eval_decode_sentences=6, beam_size=2, max_decode_len=4,
+                      attention_samples=1, max_wall_s=0))
+  return c
+
+
+def test_aeslc_test_chooses_on_dev_and_scores_test_both_ways(tmp_path, monkeypatch):
+  from attn.training import summarization  # pylint: disable=import-outside-toplevel
+
+  d = tmp_path / "aeslc"
+  _aeslc_release(d)
+  c = _aeslc_test_config(d, tmp_path)
+  assert (c.data.eval_split, c.data.test_split) == ("dev", "test")
+  scored, real = [], summarization.SummarizationTask.score
+
+  def spy(self, bundle, role, hyps, src_lengths):
+    scored.append((role, len(hyps)))
+    return real(self, bundle, role, hyps, src_lengths)
+
+  monkeypatch.setattr(summarization.SummarizationTask, "score", spy)
+  res = training.train_and_evaluate(c, str(tmp_path / "wd"), task="summarize")
+  # Every evaluation during training read dev (6 emails); test (5) only at the end: beam, greedy.
+  assert scored == [("eval", 6), ("eval", 6), ("test", 5), ("test", 5)], scored
+  assert res["split"] == "test" and res["rouge_references"] == "ann0,ann1,ann2"
+  assert res["annotated_examples"] == 5
+  for t in ("rouge1", "rouge2", "rougeL"):
+    for key in (t, f"{t}_max", f"{t}_subject", f"{t}_greedy", f"{t}_subject_greedy"):
+      assert np.isfinite(res[key]), key
+    assert res[f"{t}_max"] >= res[t]
+  assert "rouge1_subject" in res["best_eval"]  # the dev figures that chose the checkpoint
+  with open(tmp_path / "wd" / "predictions.txt") as f:
+    assert len(f.read().splitlines()) == 5
+
+
+def test_aeslc_test_without_a_test_file_names_the_get_data_command(tmp_path):
+  d = tmp_path / "shared" / "aeslc"
+  _aeslc_release(d, with_test=False)  # the team's shared copy: train and dev only
+  c = _aeslc_test_config(d, tmp_path)
+  with pytest.raises(data.DataError) as e:
+    data.load(c.data)
+  assert str(e.value) == (
+      f"no file test.jsonl[.gz] in {d} (it holds: dev.jsonl.gz, train.jsonl.gz); `python -m "
+      f"experiments.get_data aeslc --dir={d.parent}` downloads the published files to {d}")

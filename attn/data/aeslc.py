@@ -16,7 +16,8 @@ The zip (github.com/ryanzhumich/AESLC, master.zip) holds one file per email,
 A record is {"email", "subject", "id"} (each section's lines joined by "\\n", stripped; id: the
 file name without .subject), plus "ann0", "ann1", "ann2" where the file has them, in file-name
 order. `write_jsonl` writes `<split>.jsonl.gz` per split (data.reference_fields=ann0,ann1,ann2
-scores dev/test against the annotations).
+scores dev/test against the annotations, and the sender's subject apart: the summarize preset
+aeslc_test, attn/training/summarization.py).
 """
 
 from __future__ import annotations

@@ -38,9 +38,10 @@ class DataConfig:
   source_field: str = option("", "jsonl/tfds: source field (tfds: '' = the dataset's default)")
   target_field: str = option("", "jsonl/tfds: target field")
   reference_fields: tuple[str, ...] = option(
-      (), "jsonl/tfds: more reference fields of eval/test records (e.g. ann0,ann1,ann2), only "
-          "scored, never trained on; the train split is not read for them and may lack them; the "
-          "target field is always the first reference and is not listed again")
+      (), "jsonl/tfds: reference fields of eval/test records (e.g. AESLC's annotations "
+          "ann0,ann1,ann2), only scored, never trained on: a split that has them is scored "
+          "against them (rouge1/2/L) and against the target field alone (rouge*_subject); the "
+          "train split is not read for them and may lack them; the target field is not listed")
   tfds_name: str = option("", "tfds: e.g. 'ted_hrlr_translate/pt_to_en' (prepared as array_record)")
   tfds_data_dir: str = option("", "tfds: data_dir of the prepared dataset ('' = TFDS default)")
   cache_dir: str = option(
@@ -191,9 +192,10 @@ class DataConfig:
 
 
 def check_reference_fields(reference_fields: tuple[str, ...], target_field: str) -> None:
-  """The target field is every example's first reference: listed again among the reference
-  fields it would count twice in the mean over references (DataError)."""
+  """The target field is scored on its own (rouge*_subject, attn.training.summarization):
+  listed among the reference fields it would also enter the figure against the annotations,
+  mixing the two protocols (DataError)."""
   if target_field and target_field in reference_fields:
     raise DataError(f"data config: reference_fields={','.join(reference_fields)} lists the "
-                    f"target field {target_field!r}, which is always the first reference (it "
-                    "would be scored twice); list only the other references")
+                    f"target field {target_field!r}, which is scored on its own (rouge*_subject); "
+                    "list only the other references")

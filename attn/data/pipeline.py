@@ -24,8 +24,8 @@ Training: `bundle.train_iter(start_step)` is infinite, reshuffled every epoch fr
 and a pure function of the step: batch k is the same whether reached by iterating or by resuming
 at k. Evaluation: `bundle.batches("eval")` / `("test")` is one exact pass over every example (none
 dropped; over-long ones truncated), in bucket order; put outputs back in corpus order with
-`example_id` and score them against `bundle.references(role)`, or with several references per
-example (data.reference_fields) against `bundle.reference_sets(role)`.
+`example_id` and score them against `bundle.references(role)` (the target text), and where
+data.reference_fields name more references (annotations) against `bundle.annotations(role)`.
 
 Bad input: `DataError` (see base.py) before any batch is made. Reading a split and its policies
 are in splits.py, making a batch in collate.py.
@@ -171,14 +171,13 @@ class DataBundle:
     """Target text of every record of the split, indexed by example_id (raw text, not tokenized)."""
     return [t for _, t in scan(self.splits[role].source, self._source.read)]
 
-  def reference_sets(self, role: str = "test") -> list[list[str]]:
-    """Every reference of every record of the split, indexed by example_id: [target text] + the
-    non-empty texts of data.reference_fields (raw text). Training records give [target text]:
-    their reference fields are not read."""
+  def annotations(self, role: str = "test") -> list[list[str]]:
+    """The non-empty texts of data.reference_fields of every record of the split (raw text),
+    indexed by example_id: the references besides the target, e.g. AESLC's three annotated
+    subjects. [] for every training record (not read there) and without reference fields."""
     src = self._source
-    return [[t, *(r for r in refs if r.strip())] for t, refs in
-            scan(self.splits[role].source, lambda rec: (src.read(rec)[1],
-                                                         src.read_references(role, rec)))]
+    return [[r for r in refs if r.strip()] for refs in
+            scan(self.splits[role].source, lambda rec: src.read_references(role, rec))]
 
   def source_oovs(self, role: str = "test") -> list[list[str]]:
     """Per record, indexed by example_id: the tokens numbered V, V + 1, ... in its src_ext and

@@ -58,9 +58,9 @@ EXPERIMENTS.add("translate", Experiment(
 EXPERIMENTS.add("summarize", Experiment(
     "experiments.summarize", "summarization: attention, pointer-generator, coverage",
     metrics=(*_ROUGE, "params", "tokens_per_sec", "wall_s"),
-    scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE)),
-    figures=("repeated_trigram_rate", "source_token_share", "oov_in_references", "oov_recovered",
-             "oov_copies", "copied_share", "mean_p_gen")))
+    scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE), *(f"{r}_subject" for r in _ROUGE)),
+    figures=("annotated_examples", "repeated_trigram_rate", "source_token_share",
+             "oov_in_references", "oov_recovered", "oov_copies", "copied_share", "mean_p_gen")))
 EXPERIMENTS.add("caption", Experiment(
     "experiments.caption", "image captioning: attention over image regions",
     metrics=("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s"),
