@@ -27,7 +27,8 @@ LOWER = Direction("lower", -1)
 DIRECTIONS: Registry[Direction] = Registry("metric direction")
 # The tasks' scores; a run that decodes with a beam also reports each as `<score>_greedy`.
 for _score in ("bleu", "chrf", "exact_match", "digit_accuracy", "rouge1", "rouge2", "rougeL",
-               "rouge1_max", "rouge2_max", "rougeL_max", "hr10", "ndcg10"):
+               "rouge1_max", "rouge2_max", "rougeL_max", "rouge1_subject", "rouge2_subject",
+               "rougeL_subject", "hr10", "ndcg10"):
   DIRECTIONS.add(_score, HIGHER)
   DIRECTIONS.add(f"{_score}_greedy", HIGHER)
 for _name in ("exact_match_by_src_len", "exact_match_by_digits", "digit_accuracy_by_digits",
