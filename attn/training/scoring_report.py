@@ -53,28 +53,38 @@ def length_table(rows, split: str) -> str:
   return markdown_table(["run", *(f"{b} words ({counts[b]})" for b in buckets)], lines)
 
 
+def _line_plot(series, *, xlabel: str, ylabel: str, title: str, path: str) -> None:
+  """One line with markers per (label, xs, ys) of `series`, saved as a PNG at `path`."""
+  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, xs, ys in series:
+    ax.plot(xs, ys, marker="o", label=label)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_by_length(rows, split: str, path: str) -> bool:
   """BLEU against source length (bucket midpoints), one line per run's best/; False if none."""
   chosen = [r for r in rows if r["split"] == split and r["checkpoint"] == "best"
             and "bleu_by_src_words" in r]
   if not chosen:
     return False
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
-  plt = pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4))
+  series = []
   for r in chosen:
     b = r["bleu_by_src_words"]
     keys = sorted(b, key=lambda k: int(k.split("-")[0]))
-    mid = [sum(map(int, k.split("-"))) / 2 for k in keys]
-    ax.plot(mid, [b[k]["bleu"] for k in keys], marker="o", label=_label(r))
-  ax.set_xlabel("source sentence length (words, bucket midpoint)")
-  ax.set_ylabel(f"BLEU (beam {chosen[0]['beam_size']})")
-  ax.set_title(f"BLEU by source length, {split}")
-  ax.legend()
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+    series.append((_label(r), [sum(map(int, k.split("-"))) / 2 for k in keys],
+                   [b[k]["bleu"] for k in keys]))
+  _line_plot(series, xlabel="source sentence length (words, bucket midpoint)",
+             ylabel=f"BLEU (beam {chosen[0]['beam_size']})",
+             title=f"BLEU by source length, {split}", path=path)
   return True
 
 
@@ -83,21 +93,13 @@ def plot_vs_wall(rows, split: str, path: str) -> bool:
   marked = [r for r in rows if r["split"] == split and r["checkpoint"] != "best"]
   if not marked:
     return False
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
-  plt = pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4))
+  series = []
   for wd in dict.fromkeys(r["workdir"] for r in marked):
     mine = sorted((r for r in marked if r["workdir"] == wd), key=lambda r: r["wall_s"])
-    ax.plot([r["wall_s"] / 60 for r in mine], [r["bleu"] for r in mine], marker="o",
-            label=_label(mine[0]))
-  ax.set_xlabel("training wall time (min, evaluations left out)")
-  ax.set_ylabel(f"BLEU (beam {marked[0]['beam_size']})")
-  ax.set_title(f"BLEU against training time, {split}")
-  ax.legend()
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+    series.append((_label(mine[0]), [r["wall_s"] / 60 for r in mine], [r["bleu"] for r in mine]))
+  _line_plot(series, xlabel="training wall time (min, evaluations left out)",
+             ylabel=f"BLEU (beam {marked[0]['beam_size']})",
+             title=f"BLEU against training time, {split}", path=path)
   return True
 
 
