@@ -149,19 +149,24 @@ def length_buckets(src_lengths, buckets: int | Sequence[int]) -> list[str]:
   return [f"{edges[k]}-{edges[k + 1] - 1}" for k in i]
 
 
+def _bucket_members(n_hyps: int, n_refs: int, src_lengths, buckets) -> dict[str, list[int]]:
+  """{bucket label: example indices} in increasing length order, empty buckets left out; a
+  ValueError when the counts of hypotheses, references and lengths differ."""
+  n = len(np.asarray(src_lengths).reshape(-1))
+  if not n_hyps == n_refs == n:
+    raise ValueError(f"{n_hyps} hypotheses, {n_refs} references and {n} source lengths")
+  labels = length_buckets(src_lengths, buckets)
+  return {label: [i for i, l in enumerate(labels) if l == label]
+          for label in sorted(set(labels), key=lambda s: int(s.split("-")[0]))}
+
+
 def exact_match_by_bucket(hypotheses: Sequence, references: Sequence, src_lengths,
                           buckets: int | Sequence[int]) -> dict[str, float]:
   """Exact match (fraction) per source-length bucket, {"10-19": 0.85, ...}, in increasing length
   order; buckets with no example are left out. See length_buckets for `buckets`."""
-  if not len(hypotheses) == len(references) == len(np.asarray(src_lengths).reshape(-1)):
-    raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references and "
-                     f"{len(np.asarray(src_lengths).reshape(-1))} source lengths")
-  labels = length_buckets(src_lengths, buckets)
-  out = {}
-  for label in sorted(set(labels), key=lambda s: int(s.split("-")[0])):
-    idx = [i for i, l in enumerate(labels) if l == label]
-    out[label] = exact_match([hypotheses[i] for i in idx], [references[i] for i in idx])
-  return out
+  members = _bucket_members(len(hypotheses), len(references), src_lengths, buckets)
+  return {label: exact_match([hypotheses[i] for i in idx], [references[i] for i in idx])
+          for label, idx in members.items()}
 
 
 def bleu_by_bucket(hypotheses: Sequence[str], references: TextRefs, src_lengths,
@@ -169,18 +174,10 @@ def bleu_by_bucket(hypotheses: Sequence[str], references: TextRefs, src_lengths,
   """Corpus BLEU of each source-length bucket (Bahdanau et al. 2015, Fig. 2, by bucket):
   {"10-19": {"bleu": 31.2, "sentences": 412}, ...} in increasing length order, empty buckets
   left out. See length_buckets for `buckets`; references as for `bleu`."""
-  n = len(np.asarray(src_lengths).reshape(-1))
-  if not len(hypotheses) == len(references) == n:
-    raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references and {n} "
-                     "source lengths")
-  labels = length_buckets(src_lengths, buckets)
-  out = {}
-  for label in sorted(set(labels), key=lambda s: int(s.split("-")[0])):
-    idx = [i for i, l in enumerate(labels) if l == label]
-    out[label] = {"bleu": bleu([hypotheses[i] for i in idx], [references[i] for i in idx],
-                               lowercase=lowercase),
-                  "sentences": len(idx)}
-  return out
+  members = _bucket_members(len(hypotheses), len(references), src_lengths, buckets)
+  return {label: {"bleu": bleu([hypotheses[i] for i in idx], [references[i] for i in idx],
+                               lowercase=lowercase), "sentences": len(idx)}
+          for label, idx in members.items()}
 
 
 # ----------------------------------------------------------------------------- alignment
