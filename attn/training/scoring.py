@@ -123,11 +123,14 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
       overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam}
       if data_dir:
         overrides["data.dir"] = data_dir
-      run = load_run(workdir, task, overrides=overrides)
+      # Loaded with the first checkpoint to decode; each later one is restored into the same
+      # run, so its decoding functions compile once per split.
+      run = load_run(workdir, task, overrides=overrides, checkpoint_dir=pending[0].directory)
     for k in kept:
       path = _cache_path(workdir, k, split, beam, "json")
       if k in pending:
-        restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
+        if k is not pending[0]:
+          restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
         scores, outputs = _decode_and_score(run, buckets)
         scores.update(buckets=list(buckets), step=run.step if k.step is None else k.step,
                       wall_s=run.wall_s if k.wall_s is None else k.wall_s)
