@@ -143,6 +143,23 @@ def experiment_of(workdir) -> str | None:
   return None
 
 
+def finished_experiment(workdir, allowed: tuple[str, ...]) -> str:
+  """The experiment of the finished run in `workdir` (translate when its records do not say); a
+  ConfigError when it has no results.json or is not one of `allowed`."""
+  if not os.path.exists(os.path.join(workdir, "results.json")):
+    raise ConfigError(f"{workdir} has no results.json: not a finished run")
+  name = experiment_of(workdir) or "translate"
+  if name not in allowed:
+    raise ConfigError(f"{workdir} is a {name} run; only {', '.join(allowed)} runs are taken here")
+  return name
+
+
+def finished_experiments(workdirs, allowed: tuple[str, ...]) -> dict[str, str]:
+  """{workdir: its experiment} of finished runs, every one checked (finished_experiment) before
+  the caller does any work."""
+  return {w: finished_experiment(w, allowed) for w in workdirs}
+
+
 def load_experiment(name):
   """The experiment's module (it defines the experiment's flags on absl's global FLAGS)."""
   return importlib.import_module(experiment(name).module)

@@ -91,6 +91,9 @@ class TransformerConfig:
       "on self-attention only)")
   tie_embeddings: bool = option(
       False, "the output layer is the target embedding matrix transposed (Press & Wolf 2017)")
+  share_embeddings: bool = option(
+      False, "the source embedding is the target embedding (one vocabulary: data.shared_vocab"
+             "=True); with tie_embeddings, one matrix for all three (Press & Wolf 2017)")
   max_tgt_len: int = option(
       128, "decoding's key/value cache length (the most tokens one search can emit) and the "
       "learned target-position table's length")

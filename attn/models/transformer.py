@@ -69,6 +69,10 @@ class Transformer(nnx.Module):
       if getattr(tc, field) < 1:
         raise ConfigError(f"model.transformer.{field} must be positive, got "
                           f"{getattr(tc, field)}")
+    if tc.share_embeddings and cfg.src_vocab != cfg.tgt_vocab:
+      raise ConfigError(f"model.transformer.share_embeddings=True needs one vocabulary for both "
+                        f"sides (data.shared_vocab=True); got src_vocab={cfg.src_vocab}, "
+                        f"tgt_vocab={cfg.tgt_vocab}")
     if tc.d_model % tc.num_heads:
       raise ConfigError(f"model.transformer.d_model={tc.d_model} is not divisible by "
                         f"model.transformer.num_heads={tc.num_heads}")
@@ -130,6 +134,8 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     self.encoder = TransformerEncoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
     self.decoder = TransformerDecoder(cfg, rngs=rngs, compute_dtype=compute_dtype)
+    if cfg.transformer.share_embeddings:  # one nnx.Embed in both places: one trained matrix
+      self.encoder.embedding.embed = self.decoder.embedding.embed
 
   @property
   def longest_output(self) -> int | None:

@@ -37,15 +37,17 @@ class Checkpoints:
   `best_eval`, `train_tokens` and `eval_pending`; restore writes them back.
   """
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, keep: int = 1):
+    """keep: how many of the latest steps checkpoints/ holds (more than one for averaging them,
+    attn.training.averaging); best/ holds one."""
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     self.ocp = ocp
-    opts = lambda **kw: ocp.CheckpointManagerOptions(max_to_keep=1, create=True, **kw)
+    opts = lambda n: ocp.CheckpointManagerOptions(max_to_keep=n, create=True,
+                                                  enable_async_checkpointing=False)
     self.latest_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.latest = ocp.CheckpointManager(self.latest_dir,
-                                        options=opts(enable_async_checkpointing=False))
+    self.latest = ocp.CheckpointManager(self.latest_dir, options=opts(keep))
     self.best = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "best"),
-                                      options=opts(enable_async_checkpointing=False))
+                                      options=opts(1))
 
   def _committed_steps(self) -> list[int]:
     """Steps whose save completed, read from disk (a failed save leaves only a -tmp directory)."""
@@ -72,9 +74,9 @@ class Checkpoints:
     except Exception as e:  # pylint: disable=broad-except  (orbax re-raises the writer's error)
       raise self._failed(run.step, e) from e
 
-  def restore(self, manager, run) -> bool:
-    """Restores the manager's latest step into `run`; False when it holds none."""
-    step = manager.latest_step()
+  def restore(self, manager, run, step: int | None = None) -> bool:
+    """Restores the manager's `step` (None: its latest) into `run`; False when it holds none."""
+    step = manager.latest_step() if step is None else step
     if step is None:
       return False
     # The target carries the current shardings, so a checkpoint written on another mesh (4

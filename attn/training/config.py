@@ -42,6 +42,9 @@ class TrainConfig:
   log_every: int = option(50, "steps between progress lines and train metrics")
   eval_every: int = option(500, "steps between evaluations (each saves best/ when it improves)")
   checkpoint_every: int = option(250, "steps between checkpoints (for resuming)")
+  keep_checkpoints: int = option(
+      1, "how many of the latest checkpoints checkpoints/ keeps; more than one lets "
+         "experiments.average average the last few (every checkpoint_every steps)")
   eval_decode_sentences: int = option(
       500, "sentences of the eval split decoded (greedy) for the eval score")
   beam_size: int = option(1, "test decoding beam; 1 = greedy")
@@ -91,6 +94,7 @@ class TrainConfig:
     check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
     for name in ("log_every", "eval_every", "checkpoint_every"):
       check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+    check(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints} must be >= 1")
     check(0.0 <= self.label_smoothing < 1.0,
           f"label_smoothing={self.label_smoothing} must be in [0, 1)")
     check(self.clip_norm > 0, f"clip_norm={self.clip_norm} must be > 0")

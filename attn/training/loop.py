@@ -425,7 +425,7 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
              f"{count_params(run.model):,} parameters")
     log.info(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es); "
              f"this one reads blocks {run.rows.mine} of each batch")
-    ckpt = Checkpoints(workdir)
+    ckpt = Checkpoints(workdir, keep=tc.keep_checkpoints)
     try:
       resumed = ckpt.restore(ckpt.latest, run)
       switched = run.switched if run.restored_earlier else {}

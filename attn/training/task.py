@@ -229,6 +229,9 @@ def check_sections(mc: ModelConfig, data, train) -> None:
     raise ConfigError(f"train.label_smoothing={train.label_smoothing} with model.rnn.pointer="
                       "True: label smoothing is not defined on the pointer-generator's mixed "
                       "distribution; set train.label_smoothing=0")
+  if getattr(mc.settings, "share_embeddings", False) and not data.shared_vocab:
+    raise ConfigError(f"model.{mc.arch}.share_embeddings=True needs data.shared_vocab=True: "
+                      "one embedding serves both sides only over one vocabulary")
   widest = data.widest_batch
   for side, (field, limit, why) in mc.length_limits().items():
     width, source = widest[side]
