@@ -138,7 +138,7 @@ def test_scores_are_read_back_not_decoded_again(marked_run, monkeypatch):
 def test_marks_asked_of_a_run_that_kept_none(smoke_bahdanau_workdir):
   with pytest.raises(ConfigError, match="kept no checkpoint at a training-time mark"):
     scoring.kept_checkpoints(smoke_bahdanau_workdir, "marks")
-  with pytest.raises(ConfigError, match="checkpoints='last' unknown"):
+  with pytest.raises(ConfigError, match="checkpoints='last': 'last' unknown"):
     scoring.kept_checkpoints(smoke_bahdanau_workdir, "last")
 
 
@@ -171,13 +171,75 @@ def test_report_tables_and_plots(tmp_path):
   assert json.loads((tmp_path / "scores.json").read_text()) == rows
 
 
+def test_report_of_summaries_and_of_tuning(tmp_path):
+  """Summaries' rows carry ROUGE, not BLEU: their table shows the metrics asked for, no plot."""
+  row = lambda ck, r1, lp: {"workdir": "w/aeslc", "checkpoint": ck, "split": "dev" if lp is not
+                            None else "test", "beam_size": 4, "rouge1": r1, "rouge2": r1 / 3,
+                            "step": 7, "wall_s": 60.0, **({} if lp is None else
+                                                          {"length_penalty": lp})}
+  rows = [row("best", 24.0, None), row("wall_60s", 20.0, None)]
+  tuning = [row("best", 22.0, 0.0), row("best", 23.5, 0.6)]
+  text, plots = scoring_report.write(rows, str(tmp_path), ("rouge1", "rouge2"), tuning,
+                                     ("length_penalty",))
+  assert "| run | checkpoint | step | training min | test rouge1 (beam 4) | test rouge2 (beam 4) |" \
+      in text
+  assert "| aeslc | best | 7 | 1.0 | 24.00 | 8.00 |" in text
+  assert "| run | split | length_penalty | rouge1 | rouge2 |" in text
+  assert "| aeslc | dev | 0.6 | 23.50 | 7.83 |" in text
+  assert plots == []
+  assert json.loads((tmp_path / "tuning.json").read_text()) == tuning
+
+
+def test_tuning_chooses_on_the_tuning_split(marked_run, monkeypatch):
+  workdir, _ = marked_run
+  split = json.loads(open(os.path.join(workdir, "config.json")).read())["data"]["eval_split"]
+  grid = {"length_penalty": (0.0, 2.0), "min_decode_len": (1, 6)}
+  chosen, rows = scoring.tune_search(workdir, split, grid, "bleu", beam_size=2)
+  assert [(r["length_penalty"], r["min_decode_len"]) for r in rows] == [
+      (0.0, 1), (0.0, 6), (2.0, 1), (2.0, 6)]
+  best = max(rows, key=lambda r: r["bleu"])
+  assert chosen == {"length_penalty": best["length_penalty"],
+                    "min_decode_len": best["min_decode_len"]}
+  # Each row is the decoding under its own settings: min_decode_len=6 forbids EOS before 6 tokens.
+  run = training.load_run(workdir, overrides={"data.test_split": split, "train.beam_size": 2,
+                                              "train.min_decode_len": 6})
+  hyps = evaluation.decode_split(run, "test", search=run.tc.search())
+  assert rows[1]["bleu"] == pytest.approx(
+      evaluation.score_outputs(run, "test", hyps)["bleu"], abs=1e-9)
+  shortest = min(len(labels) for labels in hyps.tgt_labels.values())
+  assert shortest >= 5, (shortest, list(hyps.tgt_labels.values())[:3])
+  assert os.path.exists(os.path.join(workdir, "scores", "best",
+                                     f"{split}.beam2.length_penalty2.min_decode_len6.json"))
+
+  def refuse(*a, **k):
+    raise AssertionError("decoded again")
+  monkeypatch.setattr(evaluation, "decode_split", refuse)  # every setting's decoding is kept
+  assert scoring.tune_search(workdir, split, grid, "bleu", beam_size=2) == (chosen, rows)
+  with pytest.raises(ConfigError, match="no 'rouge1' to choose by"):
+    scoring.tune_search(workdir, split, grid, "rouge1", beam_size=2)
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(length_penalty=(0.0, 0.6)), "several values of --length_penalty need --tune_split"),
+    (dict(min_decode_len=(1, 2)), "several values of --min_decode_len need --tune_split"),
+    (dict(tune_split="dev", splits=("dev", "test"), min_decode_len=(1, 2)),
+     "--tune_split=dev is also in --splits"),
+    (dict(tune_split="dev"), "--tune_split=dev has nothing to choose"),
+    (dict(length_penalty=(-1.0,)), "--length_penalty must be >= 0"),
+    (dict(min_decode_len=(0,)), "--min_decode_len >= 1"),
+])
+def test_score_settings_refuse_tuning_mistakes(settings, match):
+  with pytest.raises(ConfigError, match=match):
+    score_cli.ScoreSettings(workdirs=("w",), **settings)
+
+
 def test_score_command_refuses_what_it_cannot_score(tmp_path):
   with pytest.raises(ConfigError, match="--workdirs: give at least one"):
     score_cli.ScoreSettings()
   with pytest.raises(ConfigError, match="--beam_size must be >= 0"):
     score_cli.ScoreSettings(workdirs=("w",), beam_size=-1)
   with pytest.raises(ConfigError, match="has no results.json: not a finished run"):
-    score_cli._experiment(str(tmp_path))  # pylint: disable=protected-access
+    score_cli.entry_points.finished_experiment(str(tmp_path), score_cli.SCORED_EXPERIMENTS)
 
 
 # -- data that moved keeps its vocabularies

@@ -23,6 +23,7 @@ different vocabularies, words or subwords, share buckets), with each bucket's se
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from typing import Callable
@@ -30,13 +31,15 @@ from typing import Callable
 from attn.common import files
 from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
-from attn.training import evaluation, marks
+from attn.training import averaging, evaluation, marks
 from attn.training.checkpoints import restore_for_reading
 from attn.training.loop import load_run
 
 log = logging.getLogger(__name__)
 
-WHICH = ("best", "marks", "both")
+KINDS = ("best", "marks", "averaged")
+SHOWN = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")  # in the progress lines
+ALIASES = {"both": ("best", "marks"), "all": KINDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,24 +52,44 @@ class Kept:
   step: int | None = None
 
 
+def _kinds(which: str) -> list[str]:
+  """The checkpoint kinds a --checkpoints value names: comma-separated KINDS or an ALIASES key."""
+  out = []
+  for name in (n.strip() for n in which.split(",")):
+    if name not in KINDS and name not in ALIASES:
+      raise ConfigError(f"checkpoints={which!r}: {name!r} unknown; known: "
+                        f"{', '.join((*KINDS, *ALIASES))}")
+    out += [k for k in ALIASES.get(name, (name,)) if k not in out]
+  return out
+
+
 def kept_checkpoints(workdir: str, which: str) -> list[Kept]:
-  """best/ ("best"), the kept marks ("marks") or both, in that order; a ConfigError when the
-  workdir kept no mark and marks are asked for."""
-  if which not in WHICH:
-    raise ConfigError(f"checkpoints={which!r} unknown; known: {', '.join(WHICH)}")
-  out = [Kept("best")] if which in ("best", "both") else []
-  if which in ("marks", "both"):
+  """best/ ("best"), the kept marks ("marks"), the averaged checkpoint ("averaged",
+  attn.training.averaging), in that order, of those `which` names (comma-separated; "both" =
+  best,marks; "all"); a ConfigError when the workdir kept none of a kind asked for."""
+  kinds = _kinds(which)
+  out = [Kept("best")] if "best" in kinds else []
+  if "marks" in kinds:
     found = [Kept(os.path.basename(path), path, float(info["wall_s"]), int(info["kept_step"]))
              for path, info in marks.kept(workdir)]
     if not found:
       raise ConfigError(f"{workdir} kept no checkpoint at a training-time mark (train it with "
                         "--config.train.mark_wall_s=600,1800,3600)")
     out += found
+  if "averaged" in kinds:
+    info = averaging.read_info(workdir)
+    if info is None:
+      raise ConfigError(f"{workdir} has no averaged checkpoint (write it with python -m "
+                        f"experiments.average --workdirs={workdir} --last=5)")
+    out.append(Kept(averaging.AVERAGED_DIR, averaging.averaged_dir(workdir),
+                    float(info["wall_s"]), int(info["step"])))
   return out
 
 
-def _cache_path(workdir: str, kept: Kept, split: str, beam_size: int, ext: str) -> str:
-  return os.path.join(workdir, "scores", kept.name, f"{split}.beam{beam_size}.{ext}")
+def _cache_path(workdir: str, kept: Kept, split: str, beam_size: int, ext: str,
+                search=None) -> str:
+  settings = "".join(f".{k}{v:g}" for k, v in sorted((search or {}).items()))
+  return os.path.join(workdir, "scores", kept.name, f"{split}.beam{beam_size}{settings}.{ext}")
 
 
 def bucket_edges(lengths, width: int, min_count: int) -> list[int]:
@@ -105,11 +128,14 @@ def _decode_and_score(run, buckets) -> tuple[dict, list[str]]:
 
 def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: int = 0,
                   data_dir: str = "", task: str = "translate", buckets=(5, 50), force: bool = False,
+                  search: dict | None = None,
                   progress: Callable[[str], None] = log.info) -> list[dict]:
   """The rows (see the module docstring) of `workdir` on each of `splits` (() = its recorded
   test split) with the checkpoints `which` names; beam_size 0 = the run's train.beam_size;
   data_dir '' = the run's data.dir; buckets: (width in source words, fewest sentences in the
-  first and last bucket), see `bucket_edges`."""
+  first and last bucket), see `bucket_edges`; search: decoding settings of the train section
+  replacing the run's ({"length_penalty": 0.6, "min_decode_len": 2}), kept in each row."""
+  search = dict(search or {})
   kept = kept_checkpoints(workdir, which)
   recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
   splits = tuple(splits) or (recorded.get("data", {}).get("test_split", ""),)
@@ -117,17 +143,18 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
   rows = []
   for split in splits:
     pending = [k for k in kept if force or (files.read_json(_cache_path(
-        workdir, k, split, beam, "json")) or {}).get("buckets") != list(buckets)]
+        workdir, k, split, beam, "json", search)) or {}).get("buckets") != list(buckets)]
     run = None
     if pending:
-      overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam}
+      overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam,
+                   **{f"train.{k}": v for k, v in search.items()}}
       if data_dir:
         overrides["data.dir"] = data_dir
       # Loaded with the first checkpoint to decode; each later one is restored into the same
       # run, so its decoding functions compile once per split.
       run = load_run(workdir, task, overrides=overrides, checkpoint_dir=pending[0].directory)
     for k in kept:
-      path = _cache_path(workdir, k, split, beam, "json")
+      path = _cache_path(workdir, k, split, beam, "json", search)
       if k in pending:
         if k is not pending[0]:
           restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
@@ -135,14 +162,29 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
         scores.update(buckets=list(buckets), step=run.step if k.step is None else k.step,
                       wall_s=run.wall_s if k.wall_s is None else k.wall_s)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        files.write_text(_cache_path(workdir, k, split, beam, "txt"),
+        files.write_text(_cache_path(workdir, k, split, beam, "txt", search),
                          "".join(o + "\n" for o in outputs))
         files.write_json(path, scores)
       scores = files.read_json(path)
       row = {"workdir": workdir, "checkpoint": k.name, "split": split, "beam_size": beam,
-             **scores}
+             **search, **scores}
       progress(f"{workdir} {k.name} (step {row['step']}, {row['wall_s'] / 60:.1f} min) {split} "
-               f"beam {beam}: " + ", ".join(f"{m} {row[m]:.2f}" for m in ("bleu", "chrf")
-                                            if m in row))
+               f"beam {beam}{''.join(f', {n} {v:g}' for n, v in search.items())}: "
+               + ", ".join(f"{m} {row[m]:.2f}" for m in SHOWN if m in row))
       rows.append(row)
   return rows
+
+
+def tune_search(workdir: str, split: str, grid: dict, metric: str, **kw) -> tuple[dict, list]:
+  """The decoding settings among `grid` ({"length_penalty": (0.0, 0.6, 1.0), ...}: every
+  combination) under which best/ scores highest on `split` by `metric` (the first of equals),
+  and the rows of every combination; **kw: score_workdir's (beam_size, data_dir, task, ...)."""
+  names = sorted(grid)
+  rows = []
+  for values in itertools.product(*(grid[n] for n in names)):
+    rows += score_workdir(workdir, splits=(split,), which="best",
+                          search=dict(zip(names, values)), **kw)
+  if any(metric not in r for r in rows):
+    raise ConfigError(f"{workdir}'s scores on {split} have no {metric!r} to choose by")
+  chosen = max(rows, key=lambda r: r[metric])  # max keeps the first of equals
+  return {n: chosen[n] for n in names}, rows

@@ -21,20 +21,30 @@ def _runs(rows) -> list[tuple[str, str]]:
   return list(dict.fromkeys((r["workdir"], r["checkpoint"]) for r in rows))
 
 
-def splits_table(rows, metric: str = "bleu") -> str:
-  """One line per (run, checkpoint): its step, training minutes and `metric` on each split."""
+def splits_table(rows, metrics=("bleu",)) -> str:
+  """One line per (run, checkpoint): its step, training minutes and each of `metrics` on each
+  split (blank where a row lacks it)."""
   splits = list(dict.fromkeys(r["split"] for r in rows))
   cell = {(r["workdir"], r["checkpoint"], r["split"]): r for r in rows}
   lines = []
   for wd, ck in _runs(rows):
     first = next(r for r in rows if r["workdir"] == wd and r["checkpoint"] == ck)
     lines.append([_label(first), ck, first["step"], f"{first['wall_s'] / 60:.1f}",
-                  *(f"{cell[wd, ck, s][metric]:.2f}" if (wd, ck, s) in cell else ""
-                    for s in splits)])
+                  *(f"{cell[wd, ck, s][m]:.2f}" if m in cell.get((wd, ck, s), {}) else ""
+                    for s in splits for m in metrics)])
   beams = sorted({r["beam_size"] for r in rows})
   return markdown_table(["run", "checkpoint", "step", "training min",
-                         *(f"{s} {metric} (beam {'/'.join(map(str, beams))})" for s in splits)],
+                         *(f"{s} {m} (beam {'/'.join(map(str, beams))})" for s in splits
+                           for m in metrics)],
                         lines)
+
+
+def tuning_table(rows, settings, metrics) -> str:
+  """One line per run and decoding setting tried (`settings`: the row fields that vary), with
+  `metrics` on the split that chose among them."""
+  lines = [[_label(r), r["split"], *(f"{r[n]:g}" for n in settings),
+            *(f"{r[m]:.2f}" if m in r else "" for m in metrics)] for r in rows]
+  return markdown_table(["run", "split", *settings, *metrics], lines)
 
 
 def length_table(rows, split: str) -> str:
@@ -90,7 +100,8 @@ def plot_by_length(rows, split: str, path: str) -> bool:
 
 def plot_vs_wall(rows, split: str, path: str) -> bool:
   """BLEU against training minutes, one line per run over its kept marks; False if none."""
-  marked = [r for r in rows if r["split"] == split and r["checkpoint"] != "best"]
+  marked = [r for r in rows if r["split"] == split and r["checkpoint"].startswith("wall_")
+            and "bleu" in r]
   if not marked:
     return False
   series = []
@@ -103,18 +114,25 @@ def plot_vs_wall(rows, split: str, path: str) -> bool:
   return True
 
 
-def write(rows, out: str) -> tuple[str, list[str]]:
+def write(rows, out: str, metrics=("bleu",), tuning=(), settings=()) -> tuple[str, list[str]]:
   """scores.md (the tables), scores.json (the rows) and the plots in `out`: (the tables' text,
-  the plots written). The plots read the first split."""
+  the plots written). The plots read the first split. tuning: the rows of decoding settings
+  tried on a tuning split (scoring.tune_search; also in tuning.json), `settings` the fields
+  they vary."""
   os.makedirs(out, exist_ok=True)
   first = rows[0]["split"]
-  parts = ["## Every run on every split\n", splits_table(rows)]
+  parts = ["## Every run on every split\n", splits_table(rows, metrics)]
+  if tuning:
+    parts += [f"\n## Decoding settings tried on {tuning[0]['split']} (best/; the highest "
+              f"{metrics[0]} chose each run's)\n", tuning_table(tuning, settings, metrics)]
   lengths = length_table(rows, first)
   if lengths:
     parts += [f"\n## BLEU by source length in words, {first} (sentences per bucket)\n", lengths]
   text = "\n".join(parts) + "\n"
   files.write_text(os.path.join(out, "scores.md"), text)
   files.write_json(os.path.join(out, "scores.json"), rows)
+  if tuning:
+    files.write_json(os.path.join(out, "tuning.json"), list(tuning))
   plots = [name for name, fn in ((BY_LENGTH_PLOT, plot_by_length), (BY_WALL_PLOT, plot_vs_wall))
            if fn(rows, first, os.path.join(out, name))]
   return text, plots
