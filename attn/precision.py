@@ -56,8 +56,9 @@ def matmul(x, w, dtype):
   The forward pass saves x^T [K, M], not x: XLA:CPU (jax 0.10.2) runs a bfloat16 dot whose
   left operand contracts its leading axis (x^T g read from x) by converting both operands to
   float32. Inside a scan (the recurrent cells) the backward reads x^T from the forward loop's
-  stacked residuals, so dw gets the bfloat16 rate; outside one (the output layer) XLA folds the
-  transpose back into the dot and that dw runs at the float32 rate.
+  stacked residuals; outside one (the output layer, every Transformer layer) XLA would fold the
+  transpose back into the dot, so with a bfloat16 `dtype` the backward pins x^T and dw
+  row-major (`row_major`) and every product gets the bfloat16 rate.
   """
   return _matmul_fwd(x, w, dtype)[0]
 
@@ -73,14 +74,34 @@ def _matmul_fwd(x, w, dtype):
   return y, (xt, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
+def row_major(a):
+  """a, held in memory in row-major order (a copy where XLA had laid it out otherwise).
+
+  XLA:CPU (jax 0.10.2) folds a transpose into the layout of its result, so x^T [K, M] formed
+  from x [M, K] reaches a dot as x's own memory, read column-wise. A bfloat16 dot contracting
+  its left operand's leading axis is run by converting both operands to float32, at about half
+  the rate of the same product from a row-major [K, M]; float32 products run alike either way.
+  A 1-D array has one layout, so flattening behind an optimization barrier makes XLA write x^T
+  out row by row (a copy of x, small beside the product). What it gains a train step is in
+  docs/results.md ("Weight gradients from a row-major input")."""
+  return jax.lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
+
+
 def _matmul_bwd(dtype, res, g):
   xt, wc, x_like, w_like = res
+  reduced = is_reduced(dtype)
+  if reduced:  # float32 products read the transposed x as fast as a row-major one
+    xt = row_major(xt)
   acc = g.dtype
   gc = g.astype(dtype)  # [..., N]
   dx = jnp.einsum("...n,kn->...k", gc, wc, preferred_element_type=acc)  # [..., K]
   K, N = wc.shape
   dw = jnp.einsum("km,mn->kn", xt, gc.reshape(-1, N),
                   preferred_element_type=acc)  # [K, N], summed over every leading position
+  # A transpose of dw (a tied output layer's w = E^T) would be folded back into the product,
+  # contracting g's leading axis: the slow form again (and one XLA:CPU's bfloat16 dot refuses).
+  if reduced:
+    dw = row_major(dw)
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 

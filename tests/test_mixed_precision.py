@@ -1,12 +1,13 @@
 """Mixed precision (`train.compute_dtype=bfloat16`) and the matmul FLOP count bench_train uses.
 
 bfloat16 rounds only the operands of the model's matmuls (attn.models.layers): parameters,
-optimizer state, activations, logits and the loss stay float32, and float32 compute is flax's
-layers untouched. The analytic FLOP count (attn.models.cost) is checked against the dot_generals
-of the traced train step.
+optimizer state, activations, logits and the loss stay float32; float32 compute runs the same
+products as flax's layers. The analytic FLOP count (attn.models.cost) is checked against the
+dot_generals of the traced train step.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -78,16 +79,64 @@ def test_matmul_rounds_operands_and_accumulates_float32_forward_and_backward():
   assert all((m.lhs.dtype, m.rhs.dtype, m.out.dtype) == (BF16, BF16, F32) for m in dots)
 
 
-def test_float32_compute_is_flax_untouched():
-  """compute_dtype="float32" builds exactly the model of before: flax's own dot_general in
-  every Linear, the same parameters, bitwise the same logits, no bfloat16 anywhere."""
+def _compiled_dots(fn, *args):
+  """(lhs dtype, lhs contracting dims) of every dot XLA compiled for fn(*args), fusions included."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", text))
+  dtypes.update(re.findall(r"([\w.\-]+): (\w+)\[", text))  # fused computations' parameters
+  return [(dtypes.get(lhs), tuple(int(d) for d in dims.split(",")))
+          for lhs, dims in re.findall(r" dot\(%([\w.\-]+), .*?lhs_contracting_dims=\{([\d,]*)\}",
+                                      text)]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_bfloat16_weight_gradient_reads_a_row_major_input(tied):
+  """The weight gradient x^T g is compiled with x^T laid out row-major: no bfloat16 dot contracts
+  its left operand's leading axis (XLA:CPU runs that form at about half the rate), also when the
+  weight is a transposed embedding (a tied output layer), whose gradient XLA would otherwise
+  fold back into a dot reading g column-wise. Values as NumPy's products of rounded operands."""
+  kx, kw, kg = jax.random.split(jax.random.PRNGKey(1), 3)
+  x, g = jax.random.normal(kx, (4, 6, 24)), jax.random.normal(kg, (4, 6, 10))
+  w = jax.random.normal(kw, (10, 24) if tied else (24, 10))
+  weight = (lambda w: w.T) if tied else (lambda w: w)
+  fn = jax.grad(lambda x, w: jnp.sum(precision.matmul(x, weight(w), jnp.bfloat16) * g), (0, 1))
+  dots = _compiled_dots(fn, x, w)
+  assert len(dots) == 2 and all(dt == "bf16" for dt, _ in dots), dots  # dx, dw
+  assert [dims for _, dims in dots if dims == (0,)] == [], dots
+  dx, dw = fn(x, w)
+  r = lambda a: np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+  dw_ref = r(x).reshape(-1, 24).T @ r(g).reshape(-1, 10)
+  np.testing.assert_allclose(dw, dw_ref.T if tied else dw_ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dx, r(g) @ r(weight(w)).T, rtol=1e-5, atol=1e-5)
+
+
+def test_row_major_keeps_values_and_gradients():
+  a = jax.random.normal(jax.random.PRNGKey(2), (5, 3, 4))
+  np.testing.assert_array_equal(jax.jit(precision.row_major)(a.transpose(2, 0, 1)),
+                                a.transpose(2, 0, 1))
+  np.testing.assert_array_equal(jax.grad(lambda a: jnp.sum(precision.row_major(a.T) * a.T))(a),
+                                2 * a)
+
+
+def test_float32_compute_matches_flax_linear_forward_and_backward():
+  """compute_dtype="float32" builds the model of before (the same parameters, float32 only) with
+  every Linear's product through attn.precision.matmul: its logits are bitwise those of flax's
+  own dot_general, its gradients equal to float32 rounding."""
   cfg, batch = _cfg(decoder="bahdanau"), _batch()
-  default, explicit = build_model(cfg, seed=3), build_model(cfg, seed=3, compute_dtype="float32")
-  linears = [m for _, m in nnx.iter_graph(explicit) if isinstance(m, nnx.Linear)]
-  assert len(linears) >= 5 and all(m.dot_general is jax.lax.dot_general for m in linears)
-  logits = nnx.jit(lambda m, b: m(b)[0])  # one compilation: the two graphs are the same
-  np.testing.assert_array_equal(logits(default, batch), logits(explicit, batch))
-  step, state = _step(explicit)
+  ours, theirs = build_model(cfg, seed=3), build_model(cfg, seed=3, compute_dtype="float32")
+  linears = [m for _, m in nnx.iter_graph(theirs) if isinstance(m, nnx.Linear)]
+  assert len(linears) >= 5 and all(m.dot_general is not jax.lax.dot_general for m in linears)
+  for m in linears:
+    m.dot_general = jax.lax.dot_general
+  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param),
+               nnx.state(theirs, nnx.Param))
+  (l_ours, z_ours), (l_theirs, z_theirs) = _jit_loss(ours, batch), _jit_loss(theirs, batch)
+  np.testing.assert_array_equal(z_ours, z_theirs)
+  grad = nnx.jit(nnx.grad(lambda m, b: _loss(m, b)[0]))
+  g_ours, g_theirs = grad(ours, batch), grad(theirs, batch)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               g_ours, g_theirs)
+  step, state = _step(ours)
   assert "bf16" not in str(jax.make_jaxpr(step)(state, batch, jax.random.PRNGKey(0)))
 
 
