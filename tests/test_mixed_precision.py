@@ -110,6 +110,15 @@ def test_bfloat16_weight_gradient_reads_a_row_major_input(tied):
   np.testing.assert_allclose(dx, r(g) @ r(weight(w)).T, rtol=1e-5, atol=1e-5)
 
 
+def test_row_major_pins_the_layout_on_cpu_only():
+  """The copy is XLA:CPU's fix: lowered for a GPU the backward has no barrier, only the dots."""
+  x, w = jnp.ones((6, 24)), jnp.ones((24, 10))
+  fn = jax.jit(jax.grad(lambda x, w: jnp.sum(precision.matmul(x, w, jnp.bfloat16)), (0, 1)))
+  text = {p: jax.export.export(fn, platforms=[p])(x, w).mlir_module() for p in ("cpu", "cuda")}
+  assert "optimization_barrier" in text["cpu"]
+  assert "optimization_barrier" not in text["cuda"] and "dot_general" in text["cuda"]
+
+
 def test_row_major_keeps_values_and_gradients():
   a = jax.random.normal(jax.random.PRNGKey(2), (5, 3, 4))
   np.testing.assert_array_equal(jax.jit(precision.row_major)(a.transpose(2, 0, 1)),
