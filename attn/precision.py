@@ -91,9 +91,9 @@ def row_major(a):
 
 def _matmul_bwd(dtype, res, g):
   xt, wc, x_like, w_like = res
-  reduced = is_reduced(dtype)
-  if reduced:  # float32 products read the transposed x as fast as a row-major one
-    xt = row_major(xt)
+  # float32 products read a transposed x as fast as a row-major one: only bfloat16 needs the pin
+  pin = row_major if is_reduced(dtype) else (lambda a: a)
+  xt = pin(xt)
   acc = g.dtype
   gc = g.astype(dtype)  # [..., N]
   dx = jnp.einsum("...n,kn->...k", gc, wc, preferred_element_type=acc)  # [..., K]
@@ -102,8 +102,7 @@ def _matmul_bwd(dtype, res, g):
                   preferred_element_type=acc)  # [K, N], summed over every leading position
   # A transpose of dw (a tied output layer's w = E^T) would be folded back into the product,
   # contracting g's leading axis: the slow form again (and one XLA:CPU's bfloat16 dot refuses).
-  if reduced:
-    dw = row_major(dw)
+  dw = pin(dw)
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 

@@ -139,7 +139,7 @@ def test_float32_compute_matches_flax_linear_forward_and_backward():
     m.dot_general = jax.lax.dot_general
   jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param),
                nnx.state(theirs, nnx.Param))
-  (l_ours, z_ours), (l_theirs, z_theirs) = _jit_loss(ours, batch), _jit_loss(theirs, batch)
+  (_, z_ours), (_, z_theirs) = _jit_loss(ours, batch), _jit_loss(theirs, batch)
   np.testing.assert_array_equal(z_ours, z_theirs)
   grad = nnx.jit(nnx.grad(lambda m, b: _loss(m, b)[0]))
   g_ours, g_theirs = grad(ours, batch), grad(theirs, batch)
