@@ -391,6 +391,29 @@ def test_bucket_choice_and_padding_accounting():
                                     np.array([1, 3])) == pytest.approx(1 - 8 / 24)
 
 
+def test_train_epoch_batches_are_the_batches_train_iter_reads(tmp_path):
+  cfg = small("numbers", tmp_path, train_size=400, eval_size=20, test_size=20,
+              bucket_boundaries=((8, 4), (12, 8), (24, 12)), tokens_per_batch=360)
+  b = data.load(cfg)
+  sp = b.splits["train"]
+  plan = b.train_epoch_batches(0)
+  assert len(plan) == b.steps_per_epoch
+  for (ts, tt, rows), x in zip(plan, _take(b.train_iter(), b.steps_per_epoch)):
+    assert x["src"].shape == (rows.size, ts) and x["tgt"].shape == (rows.size, tt)
+    np.testing.assert_array_equal(x["tgt_lengths"], sp.tgt_len[rows])
+    np.testing.assert_array_equal(x["src_lengths"], sp.src_len[rows])
+
+
+def test_unbucketed_batches_hold_every_example_once_padded_to_their_longest():
+  rng = np.random.default_rng(1)
+  s, t = rng.integers(1, 30, 103), rng.integers(1, 20, 103)
+  batches = bucketing.unbucketed_batches(s, t, 10, np.random.default_rng(0))
+  assert [r.size for _, _, r in batches] == [10] * 10 + [3]
+  np.testing.assert_array_equal(np.sort(np.concatenate([r for _, _, r in batches])), np.arange(103))
+  for ts, tt, rows in batches:
+    assert ts == max(s[i] for i in rows) and tt == max(t[i] for i in rows)
+
+
 def test_explicit_buckets_and_token_budget(tmp_path):
   cfg = small("numbers", tmp_path, train_size=400, eval_size=20, test_size=20,
               bucket_boundaries=((8, 4), (12, 8), (24, 12)), tokens_per_batch=360)

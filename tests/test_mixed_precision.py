@@ -237,6 +237,27 @@ def test_analytic_transformer_flop_count_matches_the_traced_train_step(score):
     cost.train_step_flops(windowed, B, Ts, Tt)
 
 
+@pytest.mark.parametrize("arch", ["rnn", "transformer"])
+def test_work_per_target_token_with_and_without_padding(arch):
+  """plan_flops_per_token and unpadded_flops_per_token against direct sums over the examples
+  and batches (train_step_flops of each), and their known relations: equal when no slot is
+  padding, the padded plan costlier otherwise, a filler row counting work but no tokens."""
+  cfg = _cfg(arch=arch) if arch == "rnn" else _cfg(arch=arch, d_model=12, num_heads=3, d_ff=20)
+  src, tgt = np.array([5, 5, 5, 5]), np.array([4, 4, 4, 4])
+  full = [(5, 4, np.array([0, 1])), (5, 4, np.array([2, 3]))]
+  per_token = cost.train_step_flops(cfg, 1, 5, 4) / 4
+  assert cost.unpadded_flops_per_token(cfg, src, tgt) == pytest.approx(per_token, rel=1e-12)
+  assert cost.plan_flops_per_token(cfg, full, tgt) == pytest.approx(per_token, rel=1e-12)
+
+  src, tgt = np.array([3, 9, 4, 9, 2]), np.array([2, 7, 5, 7, 1])
+  naive = sum(cost.train_step_flops(cfg, 1, int(a), int(b)) for a, b in zip(src, tgt)) / tgt.sum()
+  assert cost.unpadded_flops_per_token(cfg, src, tgt) == pytest.approx(naive, rel=1e-12)
+  plan = [(9, 7, np.array([1, 0, 2])), (9, 7, np.array([3, 4, -1]))]
+  padded = 2 * cost.train_step_flops(cfg, 3, 9, 7) / tgt.sum()
+  assert cost.plan_flops_per_token(cfg, plan, tgt) == pytest.approx(padded, rel=1e-12)
+  assert padded > naive
+
+
 def test_jaxpr_matmuls_multiplies_scan_bodies_and_refuses_while_loops():
   w = jnp.ones((4, 6))
   scanned = lambda x: jax.lax.scan(lambda c, xi: (c + xi @ w, None), jnp.zeros(6), x)[0]
@@ -262,3 +283,4 @@ def test_bench_train_runs_on_the_smoke_preset(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "| float32 |" in proc.stdout and "| bfloat16 |" in proc.stdout
   assert "counted on the traced step" in proc.stdout and "load average" in proc.stdout
+  assert "with no padding" in proc.stdout and "tokens/s at the ceiling" in proc.stdout

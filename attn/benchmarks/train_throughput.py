@@ -136,6 +136,8 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
         f"{traced.mean() / 1e9:.1f} GFLOP counted on the traced step "
         f"(ratio {analytic.sum() / traced.sum():.4f}); the [D, V] output layer is "
         f"{out_layer.sum() / analytic.sum():.0%} of it")
+  if source == "analytic":
+    print(padding_work(base))
   rows, rates = [], {}
   for d, t in times.items():
     t = np.array(t)
@@ -143,15 +145,36 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
     gflops = analytic.sum() / t.sum() / 1e9
     ceiling = max(float(np.median(v)) for v in ceilings[d].values())
     rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", f"{ceiling:.0f}",
-                 f"{gflops / ceiling:.0%}"])
+                 f"{gflops / ceiling:.0%}", f"{rates[d] * ceiling / gflops:,.0f}"])
   table = markdown_table(["compute dtype", "median s/step", "target tokens/s",
                           "GFLOP/s (matmul)", "ceiling GFLOP/s (same run, best n)",
-                          "% of ceiling"], rows)
+                          "% of ceiling", "tokens/s at the ceiling"], rows)
   dtypes = list(times)
   if len(dtypes) > 1:
     table += "\ntokens/s relative to " + dtypes[0] + ": " + ", ".join(
         f"{d} {rates[d] / rates[dtypes[0]]:.2f}x" for d in dtypes[1:])
   return table
+
+
+def padding_work(base, seed: int = 0) -> str:
+  """One line: the training matmul work per real target token over the first epoch's batches
+  (the buckets), with no padding at all, and in random batches of the same size padded to their
+  longest (no buckets); the padding's share of the bucketed work. At a fixed share of the
+  ceiling, tokens/s goes as the inverse of the work per token."""
+  from attn.data import bucketing  # pylint: disable=import-outside-toplevel
+  from attn.models import cost  # pylint: disable=import-outside-toplevel
+  bundle, mc = base.bundle, base.mc
+  sp = bundle.splits["train"]
+  epoch = bundle.train_epoch_batches(0)
+  bucketed = cost.plan_flops_per_token(mc, epoch, sp.tgt_len)
+  floor = cost.unpadded_flops_per_token(mc, sp.src_len, sp.tgt_len)
+  size = int(round(np.mean([len(rows) for _, _, rows in epoch])))
+  random = cost.plan_flops_per_token(mc, bucketing.unbucketed_batches(
+      sp.src_len, sp.tgt_len, size, np.random.default_rng(seed)), sp.tgt_len)
+  return (f"matmul work per target token over the first epoch: {bucketed / 1e6:.2f} MFLOP in "
+          f"the buckets, {floor / 1e6:.2f} with no padding (padding {1 - floor / bucketed:.0%} "
+          f"of the work), {random / 1e6:.2f} in random batches of {size} padded to their longest "
+          f"({random / bucketed:.2f}x the buckets')")
 
 
 def run(config, s: Settings) -> str:

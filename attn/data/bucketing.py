@@ -105,6 +105,17 @@ def train_plan(bucket: np.ndarray, sizes: list[int], rng: np.random.Generator) -
   return [batches[i] for i in order]
 
 
+def unbucketed_batches(src_len: np.ndarray, tgt_len: np.ndarray, size: int,
+                       rng: np.random.Generator) -> list[tuple[int, int, np.ndarray]]:
+  """One epoch batched without buckets: [(Ts, Tt, rows)], the examples shuffled and cut into
+  batches of `size` (the last one shorter), each padded to its longest source and target. How a
+  loader that does not group by length batches (JoeyNMT's shuffled sentence batches, for one);
+  set against train_plan it shows what the buckets save."""
+  rows = rng.permutation(len(src_len))
+  return [(int(src_len[r].max()), int(tgt_len[r].max()), r)
+          for r in (rows[i:i + size] for i in range(0, rows.size, size))]
+
+
 def eval_plan(bucket: np.ndarray, sizes: list[int], shapes, src_len: np.ndarray,
               tgt_len: np.ndarray) -> list[tuple[int, np.ndarray]]:
   """Every example exactly once, in full batches but the last; -1 rows fill that one.

@@ -192,6 +192,11 @@ class DataBundle:
     """Source text of every record of the split, indexed by example_id."""
     return [s for s, _ in scan(self.splits[role].source, self._source.read)]
 
+  def train_epoch_batches(self, e: int = 0) -> list[tuple[int, int, np.ndarray]]:
+    """The training batches of epoch `e` as [(Ts, Tt, rows)]: their padded shape and the rows
+    of splits["train"] they hold (the same plan train_iter reads)."""
+    return [(*self.shapes[k], rows) for k, rows in self._plan.epoch(e)]
+
   def padding_fraction(self, role: str = "train") -> float:
     """Padding share of source + target slots over one epoch (train) or the one pass (eval/test)."""
     sp = self.splits[role]

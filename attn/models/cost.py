@@ -100,6 +100,26 @@ def train_step_flops(mc: ModelConfig, B: int, Ts: int, Tt: int) -> int:
   return 3 * forward_flops(mc, B, Ts, Tt)
 
 
+def unpadded_flops_per_token(mc: ModelConfig, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
+  """Training matmul FLOPs per target token when no slot is padding: every example a batch of
+  one at its own lengths (src_len, tgt_len: [N] slots each example fills, target tokens EOS
+  included). The floor any batching can reach with this model; `plan_flops_per_token` over a
+  padded plan is above it by the padding's share of the work."""
+  pairs, counts = np.unique(np.stack([src_len, tgt_len], 1), axis=0, return_counts=True)
+  total = sum(int(c) * train_step_flops(mc, 1, int(s), int(t)) for (s, t), c in zip(pairs, counts))
+  return total / float(np.sum(tgt_len))
+
+
+def plan_flops_per_token(mc: ModelConfig, batches, tgt_len: np.ndarray) -> float:
+  """Training matmul FLOPs per real target token over padded batches [(Ts, Tt, rows)] (rows:
+  [B] example indices into tgt_len, -1 a filler row that counts work but no tokens)."""
+  flops = tokens = 0
+  for Ts, Tt, rows in batches:
+    flops += train_step_flops(mc, len(rows), int(Ts), int(Tt))
+    tokens += int(tgt_len[rows[rows >= 0]].sum())
+  return flops / tokens
+
+
 class Matmul(NamedTuple):
   """One dot_general of a traced function: FLOPs (2 M N K per execution, times the trip counts
   of the scans around it), operand and result dtypes, and the scan nesting depth."""
