@@ -10,7 +10,10 @@ accumulation) is measured before the first and after the last round. Reports per
 median step time, target tokens/s (EOS included, padding excluded, as the training log counts
 them), and the achieved matmul rate from the analytic FLOP count of the step
 (`attn.models.cost.train_step_flops`, checked against the dot_generals of the traced step, also
-printed) as a percent of that dtype's ceiling. Every figure goes with the load average.
+printed) as a percent of that dtype's ceiling, and the tokens/s the step would reach with its
+matmuls at that ceiling. The padding's cost is counted, not timed (`padding_work`): the matmul
+work per real target token over the first epoch's bucketed batches, with no padding, and in
+random batches padded to their longest. Every figure goes with the load average.
 """
 
 from __future__ import annotations
