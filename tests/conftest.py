@@ -1,6 +1,12 @@
 """Fixtures shared by several test files."""
 
+import os
+
 import pytest
+
+# The suite's subprocesses leave the user's persistent compilation cache alone
+# (tests/test_compile_cache.py turns it on in directories of its own).
+os.environ.setdefault("ATTN_COMPILE_CACHE", "off")
 
 from attn import training
 from experiments.configs import translate as translate_config

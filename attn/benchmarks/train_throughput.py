@@ -29,6 +29,7 @@ from flax import nnx
 
 from attn import precision
 from attn.benchmarks import harness
+from attn.common import compile_cache
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 
@@ -188,10 +189,12 @@ def run(config, s: Settings) -> str:
   base = training.setup(config, s.workdir)
   runs = {d: with_compute_dtype(base, d) for d in s.compute_dtypes or [base.tc.compute_dtype]}
   steps = {d: r.step_fn() for d, r in runs.items()}
-  t0 = time.time()
+  t0, before = time.time(), compile_cache.stats()
   batches, counted = compiled_batches(base, runs, steps, s.steps)
+  loaded = (compile_cache.stats() - before).loaded
   print(f"compiled {len(counted)} bucket shapes x {len(runs)} dtypes in "
-        f"{time.time() - t0:.1f} s")
+        f"{time.time() - t0:.1f} s" + (f" ({loaded} programs loaded from the compilation cache)"
+                                      if loaded else ""))
   times, ceilings = time_rounds(runs, steps, batches, s)
   table = report(base, batches, counted, times, ceilings, s)
   print(table)

@@ -22,6 +22,10 @@ missing config file, or an `attn.errors.AttnError` raised by the library (a conf
 file, a workdir). Ctrl-C exits with status 130 (the training loop saves a checkpoint first), at
 once: `exit_now` does not tear the interpreter down under native threads still running. Any
 other exception is a bug and keeps its traceback.
+
+Every entry point keeps the programs XLA compiles in the persistent compilation cache
+(attn.common.compile_cache: ~/.cache/attn/xla, ATTN_COMPILE_CACHE=off to turn it off), so a
+resumed run or the next run with the same shapes loads them instead of compiling again.
 """
 
 import dataclasses
@@ -32,6 +36,7 @@ import sys
 
 from absl import app, flags
 
+from attn.common import compile_cache
 from attn.config import configurable
 from attn.errors import AttnError, ConfigError
 
@@ -148,6 +153,7 @@ def run(main):
     absl_logger.addFilter(_drop_orbax_save_errors)
     logging.getLogger("asyncio").addFilter(_drop_orbax_save_errors)
     _quiet_closed_loop_callbacks()
+    compile_cache.enable()  # before main compiles anything
     try:
       return main(argv)
     except AttnError as e:

@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attn.common import compile_cache
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
 from attn.training import distributed, marks
@@ -447,4 +448,7 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
       results = evaluation.write_results(run, ckpt)
     finally:
       ckpt.close()
+    compiled = compile_cache.stats()
+    if compiled.programs:  # counted when an entry point turned the cache on
+      log.info(compiled.summary())
     return results

@@ -1,0 +1,107 @@
+"""The persistent compilation cache: where the environment puts it, and that a second process loads
+what the first compiled, with the same results (a bare program, then a whole training run)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from attn.common import compile_cache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, "default"),
+    ({"ATTN_COMPILE_CACHE": "/data/xla"}, "/data/xla"),
+    ({"ATTN_COMPILE_CACHE": "~/xla"}, os.path.expanduser("~/xla")),
+    ({"ATTN_COMPILE_CACHE": "off"}, None),
+    ({"ATTN_COMPILE_CACHE": "OFF"}, None),
+    ({"ATTN_COMPILE_CACHE": ""}, None),
+    ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/attn/xla"),
+    ({"JAX_COMPILATION_CACHE_DIR": "/jax", "ATTN_COMPILE_CACHE": "/data/xla"}, None),
+])
+def test_the_environment_chooses_the_directory(environ, expected, monkeypatch):
+  monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+  if expected == "default":
+    expected = os.path.join(os.path.expanduser("~"), ".cache", "attn", "xla")
+  assert compile_cache.configured_dir(environ) == expected
+
+
+def test_stats_subtract_and_summarize():
+  a = compile_cache.CompileStats(programs=10, seconds=30.0, loaded=6, saved_s=25.0, written=1)
+  b = compile_cache.CompileStats(programs=4, seconds=12.5, loaded=2, saved_s=5.0, written=1)
+  d = a - b
+  assert d == compile_cache.CompileStats(6, 17.5, 4, 20.0, 0)
+  assert d.summary() == ("XLA compiled 6 programs in 17.5 s; 4 of them loaded from the "
+                         "compilation cache (saving ~20 s)")
+  assert compile_cache.CompileStats(3, 2.0, 0, 0.0, 3).summary() == (
+      "XLA compiled 3 programs in 2.0 s; 3 written to it")
+
+
+_PROGRAM = textwrap.dedent("""
+    import json, sys
+    from attn.common import compile_cache
+    directory = compile_cache.enable(sys.argv[1])
+    import jax, jax.numpy as jnp
+    def f(x):
+      for i in range(20):
+        x = jnp.tanh(x @ x.T + i)
+      return x.sum()
+    out = float(jax.jit(f)(jnp.linspace(-1, 1, 64 * 64).reshape(64, 64)))
+    s = compile_cache.stats()
+    print(json.dumps({"dir": directory, "out": out, "loaded": s.loaded, "written": s.written,
+                      "programs": s.programs}))
+""")
+
+
+def _program(directory, tmp_path):
+  env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  p = subprocess.run([sys.executable, "-c", _PROGRAM, directory], cwd=tmp_path, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_program_the_first_compiled(tmp_path):
+  cache = tmp_path / "xla"
+  first = _program(str(cache), tmp_path)
+  assert first["dir"] == str(cache) and first["loaded"] == 0 and first["written"] >= 1
+  assert any(cache.iterdir())
+  second = _program(str(cache), tmp_path)
+  assert second["loaded"] >= 1 and second["written"] == 0
+  assert second["out"] == first["out"]
+  assert second["programs"] == first["programs"]  # a load is counted as the program it replaces
+
+
+def test_off_writes_nothing(tmp_path):
+  out = _program("", tmp_path)
+  assert out["dir"] is None and out["loaded"] == out["written"] == 0
+
+
+def test_a_rerun_of_an_experiment_loads_its_programs_and_trains_the_same_model(tmp_path):
+  env = {**os.environ, "ATTN_COMPILE_CACHE": str(tmp_path / "xla"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  runs = []
+  for name in ("first", "second"):
+    p = subprocess.run([sys.executable, "-m", "experiments.translate",
+                        "--config=experiments/configs/translate.py:smoke",
+                        "--config.model.rnn.decoder=bahdanau", "--config.train.steps=20",
+                        f"--workdir={tmp_path / name}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = [l for l in p.stderr.splitlines() if "XLA compiled" in l]
+    assert len(summary) == 1, p.stderr[-3000:]
+    runs.append((summary[0], json.loads((tmp_path / name / "results.json").read_text())))
+  (first, r1), (second, r2) = runs
+  assert "written to it" in first and "loaded from" not in first
+  assert "loaded from the compilation cache" in second and "written" not in second
+  assert r2["bleu"] == r1["bleu"]
+  assert (tmp_path / "second" / "predictions.txt").read_text() == (
+      tmp_path / "first" / "predictions.txt").read_text()
