@@ -14,7 +14,8 @@ JAX's own JAX_COMPILATION_CACHE_DIR, when set, is left to JAX. Entries are keyed
 the jax and jaxlib versions, the backend, the devices and the XLA flags, so an entry is only ever
 loaded by the program it was compiled from. Programs that compile in under a second are not
 written (JAX's threshold, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS): loading them would save
-little. The directory grows with every new shape and model; delete it to reclaim the space.
+little. Nor does JAX keep a program that calls back into Python (the Transformer decoder's
+cache-overrun check): those compile in every process. The directory grows with every new shape and model; delete it to reclaim the space.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class CompileStats:
     text = f"XLA compiled {self.programs} programs in {self.seconds:.1f} s"
     if self.loaded:
       text += (f"; {self.loaded} of them loaded from the compilation cache "
-               f"(saving ~{self.saved_s:.0f} s)")
+               f"(saving ~{max(self.saved_s, 0.0):.0f} s)")
     if self.written:
       text += f"; {self.written} written to it"
     return text
