@@ -220,10 +220,20 @@ def test_decoding_past_the_cache_is_an_error():
   model = build_model(_cfg(max_tgt_len=4))
   batch = _batch()
   init = model.initial_decode_state(batch["src"], batch["src_lengths"])  # a cache of 4
-  step = jax.jit(model.step_fn())
+  step = jax.jit(model.step)  # checks at run time
   step(dict(init, t=jnp.full((B,), 3, jnp.int32)), batch["tgt"][:, 0])  # the last slot: fine
   with pytest.raises(Exception, match="past its key/value cache of 4"):
     jax.block_until_ready(step(dict(init, t=jnp.full((B,), 4, jnp.int32)), batch["tgt"][:, 0]))
+  # The searches' step leaves the check to the searches, which refuse a max_len past the cache
+  # before they start (so the compiled search calls nothing back in Python and can be cached).
+  assert "callback" not in str(jax.make_jaxpr(model.step_fn())(init, batch["tgt"][:, 0]))
+  assert "callback" in str(jax.make_jaxpr(model.step)(init, batch["tgt"][:, 0]))
+  for search in (lambda n: decode_lib.greedy_decode(model.step_fn(), init, B, n),
+                 lambda n: decode_lib.beam_search(model.step_fn(), init, B, n, beam_size=2)):
+    assert search(4).tokens.shape == (B, 4)  # exactly the cache: fine
+    with pytest.raises(ValueError, match="past its key/value cache of 4 positions \\(the "
+                                         "search's max_len is 5\\)"):
+      search(5)
   learned = build_model(_cfg(pos_encoding="learned", max_tgt_len=4))
   with pytest.raises(ValueError, match="learned target positions"):
     learned.initial_decode_state(batch["src"], batch["src_lengths"], max_len=5)

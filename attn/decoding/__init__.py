@@ -22,6 +22,11 @@ The model side is one pure function (closing over the parameters):
 - `extras` (optional): dict name -> [B] float32, per-step quantities to record along each
   hypothesis (e.g. {"p_gen": ...}, the pointer-generator's generation probability).
 
+A step_fn whose state has room for a fixed number of steps (the Transformer's key/value cache)
+carries `step_fn.check_room(init_state, max_len)`, which both searches call before they start:
+a search longer than the room is refused there, on static shapes, and the step needs no
+run-time check.
+
 Both searches return a `DecodeOutput`: tokens [B, T] int32 without BOS, EOS included, PAD after
 it; lengths [B] int32 counting EOS; weights [B, T, Ts] float32, row t being the attention of the
 step that produced token t (zeros after EOS); scores [B] float32, the sum of the token

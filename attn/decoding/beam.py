@@ -15,8 +15,8 @@ from attn.data.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
 from attn.decoding.constraints import check_constraints, constrain
 from attn.decoding.penalties import gnmt_coverage_penalty, gnmt_length_penalty
 from attn.decoding.settings import Search
-from attn.decoding.step import (NEG_INF, DecodeOutput, NBest, StepFn, check_sizes, f32_extras,
-                                step_shapes, tile_beams, unpack)
+from attn.decoding.step import (NEG_INF, DecodeOutput, NBest, StepFn, check_room, check_sizes,
+                                f32_extras, step_shapes, tile_beams, unpack)
 
 
 class _BeamCarry(NamedTuple):
@@ -362,6 +362,7 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   wrong rows once the batch shrinks; a step that fails on the smaller row counts is refused.
   """
   check_sizes(batch_size, max_len, beam_size)
+  check_room(step_fn, init_state, max_len)
   check_constraints(max_len, min_len, block_repeat_ngram)
   alpha = float(length_penalty)
   if alpha < 0:

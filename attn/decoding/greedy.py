@@ -10,7 +10,8 @@ import jax.numpy as jnp
 
 from attn.data.tokens import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
 from attn.decoding.constraints import check_constraints, constrain
-from attn.decoding.step import DecodeOutput, StepFn, check_sizes, f32_extras, step_shapes, unpack
+from attn.decoding.step import (DecodeOutput, StepFn, check_room, check_sizes, f32_extras,
+                                step_shapes, unpack)
 
 
 class _GreedyCarry(NamedTuple):
@@ -61,6 +62,7 @@ def greedy_decode(step_fn: StepFn, init_state, batch_size: int, max_len: int, *,
   keep_weights: False records no attention (weights [B, T, 0]; the same tokens and scores).
   """
   check_sizes(batch_size, max_len)
+  check_room(step_fn, init_state, max_len)
   check_constraints(max_len, min_len, block_repeat_ngram)
   B, T = batch_size, max_len
   _, Ts, extra_names = step_shapes(step_fn, init_state, B)

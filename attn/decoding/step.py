@@ -83,6 +83,17 @@ def check_sizes(batch_size, max_len, beam_size=1):
       raise ValueError(f"{name} must be a positive Python int (static), got {v!r}")
 
 
+def check_room(step_fn, init_state, max_len):
+  """A step function whose state holds a fixed number of steps (a Transformer's key/value cache)
+  carries `check_room(state, max_len)`, which raises if a search of max_len steps would run past
+  it. Checked here, on the static shapes, before the search is traced, so the step itself needs
+  no run-time check (one calling back into Python would keep XLA's compilation cache from
+  keeping the search)."""
+  check = getattr(step_fn, "check_room", None)
+  if check is not None:
+    check(init_state, max_len)
+
+
 def f32_extras(extras, shape):
   """Per-step extras as float32 arrays of `shape` ({} for none)."""
   return {k: v.astype(jnp.float32).reshape(shape) for k, v in (extras or {}).items()}

@@ -44,11 +44,17 @@ from attn.models.transformer_layers import (ACTIVATIONS, ALIGNMENT_LAYER, Transf
 __all__ = ["ALIGNMENT_LAYER", "Transformer", "alignment"]
 
 
-def _cache_overrun(cache_len):
+def _cache_len(state) -> int:
+  """Positions the decoding state's key/value cache holds (static)."""
+  return state["layers"][0]["k"].shape[-2]
+
+
+def _cache_overrun(cache_len, max_len=None):
   raise ValueError(
-      f"Transformer decoding ran past its key/value cache of {cache_len} positions: pass "
-      f"initial_decode_state(..., max_len=) the search's max_len, or raise "
-      f"model.transformer.max_tgt_len")
+      f"Transformer decoding ran past its key/value cache of {cache_len} positions"
+      + (f" (the search's max_len is {max_len})" if max_len is not None else "")
+      + ": pass initial_decode_state(..., max_len=) the search's max_len, or raise "
+      "model.transformer.max_tgt_len")
 
 
 @registries.ARCHS.register("transformer")
@@ -220,13 +226,18 @@ class Transformer(nnx.Module):
     return {"t": jnp.zeros((B,), jnp.int32), "src_lengths": jnp.asarray(src_lengths),
             "layers": tuple(layers)}
 
-  def step(self, state, y_prev):
+  def step(self, state, y_prev, *, check_cache: bool = True):
     """One decoding step: (state, logits [B, V] float32, StepAttention with weights [B, Ts] and
-    heads [B, L, H, Ts]; zero weights when the cross-attention forms none)."""
+    heads [B, L, H, Ts]; zero weights when the cross-attention forms none).
+
+    check_cache: raise when a row's step t is past the key/value cache (a run-time check, through
+    a host callback); `step_fn` leaves it to the searches, which check the cache's size against
+    their max_len before they start."""
     t = state["t"]
-    C = state["layers"][0]["k"].shape[-2]
-    # The cache is a static size: a step past it would write nowhere and attend a wrong prefix.
-    jax.lax.cond(jnp.any(t >= C), lambda: jax.debug.callback(_cache_overrun, C), lambda: None)
+    C = _cache_len(state)
+    if check_cache:
+      # The cache is a static size: a step past it would write nowhere and attend a wrong prefix.
+      jax.lax.cond(jnp.any(t >= C), lambda: jax.debug.callback(_cache_overrun, C), lambda: None)
     y = self.decoder.embedding(y_prev[:, None], t[:, None])  # [B, 1, d]
     caches, ws = [], []
     for layer, cache in zip(self.decoder.layers, state["layers"]):
@@ -247,9 +258,14 @@ class Transformer(nnx.Module):
     attn.decoding (greedy and beam search)."""
 
     def step(state, y_prev):
-      state, logits, att = self.step(state, y_prev)
+      state, logits, att = self.step(state, y_prev, check_cache=False)
       return state, jax.nn.log_softmax(logits.astype(jnp.float32)), att.weights
 
+    def check_room(state, max_len):  # attn.decoding.step.check_room, before the search starts
+      if max_len > _cache_len(state):
+        _cache_overrun(_cache_len(state), max_len)
+
+    step.check_room = check_room
     return step
 
 
