@@ -74,7 +74,7 @@ def compiled_batches(base, runs, steps, n: int):
   from attn.training.evaluation import device_batch  # pylint: disable=import-outside-toplevel
   it, key, first = base.bundle.train_iter(0), jax.random.PRNGKey(0), next(iter(runs))
   batches, counted = [], {}
-  while len(batches) < n or len(counted) < len(base.bundle.shapes):
+  while len(batches) < n or len(counted) < len(base.bundle.train_shapes):
     b = device_batch(next(it))
     if batch_shape(b) not in counted:
       for d, step in steps.items():
@@ -162,7 +162,7 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
 
 def padding_work(base, seed: int = 0) -> str:
   """One line: the training matmul work per real target token over the first epoch's batches
-  (the buckets), with no padding at all, and in random batches of the same size padded to their
+  (the buckets, or the packed rows), with no padding at all, and in random batches of the same size padded to their
   longest (no buckets); the padding's share of the bucketed work. At a fixed share of the
   ceiling, tokens/s goes as the inverse of the work per token."""
   from attn.data import bucketing  # pylint: disable=import-outside-toplevel
@@ -172,13 +172,14 @@ def padding_work(base, seed: int = 0) -> str:
   epoch = bundle.train_epoch_batches(0)
   bucketed = cost.plan_flops_per_token(mc, epoch, sp.tgt_len)
   floor = cost.unpadded_flops_per_token(mc, sp.src_len, sp.tgt_len)
-  size = int(round(np.mean([len(rows) for _, _, rows in epoch])))
+  size = int(round(np.mean([np.count_nonzero(rows >= 0) for _, _, rows in epoch])))  # examples
   random = cost.plan_flops_per_token(mc, bucketing.unbucketed_batches(
       sp.src_len, sp.tgt_len, size, np.random.default_rng(seed)), sp.tgt_len)
+  ours = f"rows packed into {bundle.pack_widths}" if bundle.pack_widths else "the buckets"
   return (f"matmul work per target token over the first epoch: {bucketed / 1e6:.2f} MFLOP in "
-          f"the buckets, {floor / 1e6:.2f} with no padding (padding {1 - floor / bucketed:.0%} "
+          f"{ours}, {floor / 1e6:.2f} with no padding (padding {1 - floor / bucketed:.0%} "
           f"of the work), {random / 1e6:.2f} in random batches of {size} padded to their longest "
-          f"({random / bucketed:.2f}x the buckets')")
+          f"({random / bucketed:.2f}x the {'packed rows' if bundle.pack_widths else 'buckets'}')")
 
 
 def run(config, s: Settings) -> str:

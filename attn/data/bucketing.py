@@ -116,6 +116,100 @@ def unbucketed_batches(src_len: np.ndarray, tgt_len: np.ndarray, size: int,
           for r in (rows[i:i + size] for i in range(0, rows.size, size))]
 
 
+def pack_rows(src_len: np.ndarray, tgt_len: np.ndarray, widths: tuple[int, int],
+              rng: np.random.Generator, chunk: int = 4096) -> list[np.ndarray]:
+  """One epoch's examples packed into rows of `widths` (Ts, Tt): [rows] int64 arrays of example
+  indices, each row's sources summing to at most Ts slots and its targets to at most Tt.
+
+  The examples are shuffled, then packed a chunk at a time, longest (src + tgt) first, each into
+  the first row of the chunk with room on both sides (first-fit decreasing: on Multi30k
+  de->en, word level, into (48, 44) rows, under 2% of the slots stay empty). Which examples
+  share a row changes every epoch with `rng`; every example is in exactly one row.
+  """
+  src_len, tgt_len = np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)
+  ts, tt = widths
+  if (src_len > ts).any() or (tgt_len > tt).any():
+    raise ValueError(f"pack_rows: an example is wider than the rows {widths}")
+  out = []
+  order = rng.permutation(src_len.size)
+  for lo in range(0, order.size, chunk):
+    part = order[lo:lo + chunk]
+    part = part[np.argsort(-(src_len[part] + tgt_len[part]), kind="stable")]
+    free_s = np.empty(part.size, np.int64)  # at most one row per example
+    free_t = np.empty(part.size, np.int64)
+    members: list[list[int]] = []
+    for i in part:
+      s, t = src_len[i], tgt_len[i]
+      n = len(members)
+      fits = np.flatnonzero((free_s[:n] >= s) & (free_t[:n] >= t))
+      j = int(fits[0]) if fits.size else n
+      if j == n:
+        members.append([])
+        free_s[j], free_t[j] = ts, tt
+      members[j].append(int(i))
+      free_s[j] -= s
+      free_t[j] -= t
+    out.extend(np.asarray(m, np.int64) for m in members)
+  return out
+
+
+def pack_plan(src_len: np.ndarray, tgt_len: np.ndarray, widths: tuple[int, int], rows: int,
+              rng: np.random.Generator, bucket: int = 0,
+              n_batches: int | None = None) -> list[tuple[int, np.ndarray]]:
+  """One epoch of packed training batches: [(bucket, members [rows, P] int64)], row r of a
+  batch holding the examples members[r, :] (-1 past its last one); `bucket` is the index of the
+  shape `widths` among the bundle's shapes.
+
+  `pack_rows`, the rows shuffled and cut into batches of `rows`; the last, partial batch is
+  filled with rows from the start of the same order, as train_plan fills a bucket's.
+  n_batches: the epoch's length, fixed (the training plan maps a step to an epoch and a batch
+  with it); each epoch's packing needs a slightly different number of rows, so a few rows are
+  then repeated from the start, or left to the next epoch's draw. None: as many as needed.
+  """
+  packed = pack_rows(src_len, tgt_len, widths, rng)
+  packed = [packed[i] for i in rng.permutation(len(packed))]
+  if n_batches is None:
+    n_batches = -(-len(packed) // rows)
+  packed = [packed[i % len(packed)] for i in range(n_batches * rows)]
+  batches = []
+  for b in range(n_batches):
+    group = packed[b * rows:(b + 1) * rows]
+    members = np.full((rows, max(m.size for m in group)), -1, np.int64)
+    for r, m in enumerate(group):
+      members[r, :m.size] = m
+    batches.append((bucket, members))
+  return batches
+
+
+def pack_widths(src_len: np.ndarray, tgt_len: np.ndarray, widest: tuple[int, int],
+                multiple: int = 1) -> tuple[int, int]:
+  """The (Ts, Tt) of packed rows: the widest bucket's, with the side that would fill first
+  widened (to the nearest multiple of `multiple`) until the two sides' room is in proportion
+  to the mean source and target lengths, so neither side's slots are left empty by rows the
+  other side has filled. Multi30k de->en (means 13.6, 14.1): (48, 44) -> (48, 48), 5% of the
+  slots empty instead of 9%."""
+  ts, tt = widest
+  ratio = float(np.mean(tgt_len)) / float(np.mean(src_len))  # target slots per source slot
+  near = lambda x: max(multiple, int(round(x / multiple)) * multiple)
+  if tt < ts * ratio:
+    tt = max(tt, near(ts * ratio))
+  else:
+    ts = max(ts, near(tt / ratio))
+  return ts, tt
+
+
+def packed_rows_per_batch(src_len: np.ndarray, tgt_len: np.ndarray, widths: tuple[int, int],
+                          batch_size: int, tokens_per_batch: int = 0) -> int:
+  """Rows of `widths` a packed batch holds: tokens_per_batch // (Ts + Tt) if set, else as many
+  slots as `batch_size` examples of the mean length fill (so a step sees about batch_size
+  examples, the same tokens as a bucketed batch of that size)."""
+  ts, tt = widths
+  if tokens_per_batch > 0:
+    return max(1, tokens_per_batch // (ts + tt))
+  mean = float(np.mean(np.asarray(src_len) + np.asarray(tgt_len)))
+  return max(1, int(round(batch_size * mean / (ts + tt))))
+
+
 def eval_plan(bucket: np.ndarray, sizes: list[int], shapes, src_len: np.ndarray,
               tgt_len: np.ndarray) -> list[tuple[int, np.ndarray]]:
   """Every example exactly once, in full batches but the last; -1 rows fill that one.
@@ -146,9 +240,9 @@ def eval_plan(bucket: np.ndarray, sizes: list[int], shapes, src_len: np.ndarray,
 def padding_fraction(plan, shapes, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
   """Fraction of source + target slots of the plan's batches that are padding (filler rows too)."""
   slots = real = 0
-  for k, rows in plan:
+  for k, rows in plan:  # rows: [B] examples, or [B, P] of packed rows (-1: none)
     ts, tt = shapes[k]
-    slots += rows.size * (ts + tt)
+    slots += len(rows) * (ts + tt)
     r = rows[rows >= 0]
     real += int(src_len[r].sum() + tgt_len[r].sum())
   return 1.0 - real / slots if slots else 0.0

@@ -14,13 +14,47 @@ class Collate:
   """grain map: (bucket, rows) -> batch dict (see module docstring)."""
 
   def __init__(self, split: SplitData, src_vocab: Vocab, tgt_vocab: Vocab, shapes, read,
-               read_alignment=None, extended: bool = False):
+               read_alignment=None, extended: bool = False,
+               packed: tuple[int, int] | None = None):
     self.split, self.src_vocab, self.tgt_vocab = split, src_vocab, tgt_vocab
+    # (Ts, Tt) of packed rows: items are then (k, members [B, P]), k a shape every member fits
+    self.packed = packed
     self.shapes, self.read, self.read_alignment = shapes, read, read_alignment
     self.extended = extended  # needs src_vocab is tgt_vocab (DataConfig.validate)
 
   def __call__(self, item) -> dict[str, np.ndarray]:
-    k, rows = item
+    return self._packed(*item) if self.packed else self._rows(*item)
+
+  def _packed(self, k, members) -> dict[str, np.ndarray]:
+    """Row r holds the examples members[r, :] (-1: none) one after another, each with its own
+    EOS; `*_segments` number them 1, 2, ... along the row (0: padding) and `*_positions` count
+    from 0 at each one's start; the lengths are the row's filled slots, and example_id its first
+    example's record."""
+    ts, tt = self.packed
+    flat = members[members >= 0]
+    one = self._rows(k, flat)  # every example on a row of its own
+    b = members.shape[0]
+    batch = {"example_id": np.full((b,), -1, np.int32)}
+    for side, width in (("src", ts), ("tgt", tt)):
+      batch[side] = np.full((b, width), PAD, np.int32)
+      batch[f"{side}_lengths"] = np.zeros((b,), np.int32)
+      batch[f"{side}_segments"] = np.zeros((b, width), np.int32)
+      batch[f"{side}_positions"] = np.zeros((b, width), np.int32)
+    i = 0
+    for r in range(b):
+      for seg, _ in enumerate(members[r][members[r] >= 0], start=1):
+        if seg == 1:
+          batch["example_id"][r] = one["example_id"][i]
+        for side in ("src", "tgt"):
+          n, at = int(one[f"{side}_lengths"][i]), int(batch[f"{side}_lengths"][r])
+          batch[side][r, at:at + n] = one[side][i, :n]
+          batch[f"{side}_segments"][r, at:at + n] = seg
+          batch[f"{side}_positions"][r, at:at + n] = np.arange(n)
+          batch[f"{side}_lengths"][r] = at + n
+        i += 1
+    return batch
+
+  def _rows(self, k, rows) -> dict[str, np.ndarray]:
     ts, tt = self.shapes[k]
     b = rows.size
     sp = self.split

@@ -76,6 +76,10 @@ class DataConfig:
       (), "bucket shapes: (src_width, tgt_width) pairs or widths b = (b, b), EOS "
           "incl.; () = chosen from the data")
   num_buckets: int = option(8, "with bucket_boundaries=(): how many buckets to choose")
+  pack: bool = option(
+      False, "training batches of rows of the widest bucket's shape, each holding several "
+             "examples one after another (Transformer only: attention stays within an example); "
+             "batch_size then sets the rows so a batch holds about that many examples")
   length_multiple: int = option(
       4, "bucket widths are multiples of this (keeps shapes friendly to kernels)")
   seed: int = option(0, "shuffling and generation seed")
@@ -154,6 +158,9 @@ class DataConfig:
           f"vocab_size={self.vocab_size} leaves no room for a word: the {len(SPECIAL_TOKENS)} "
           f"reserved ids ({' '.join(SPECIAL_TOKENS)}) count in it; use at least "
           f"{MIN_VOCAB_SIZE}, or 0 for no cap")
+    check(not (self.pack and self.extended_vocab),
+          "pack=True with extended_vocab=True: a packed row would share one source's copy "
+          "vocabulary among its examples; pack without extended_vocab")
     check(self.shared_vocab or not self.extended_vocab,
           "extended_vocab=True needs shared_vocab=True (a target token is copied by its position "
           "in the source, so both sides must have the same ids)")

@@ -19,6 +19,13 @@ With data.extended_vocab (copying models; V = the shared vocabulary's size), als
   tgt_ext      [B, Tt] int32  `tgt`, but an OOV token that is the source's k-th OOV is V + k; other
                               OOV tokens stay UNK. Filler rows of both are all PAD.
   (`bundle.source_oovs(role)[example_id]` is that list, for `Vocab.decode_extended`.)
+With data.pack, training batches are rows of one shape (`DataBundle.pack_widths`), each holding
+several examples one after another (bucketing.pack_plan); src/tgt and their lengths are the
+rows' (every example keeps its own EOS; the lengths count the filled slots), and:
+  src_segments, tgt_segments    [B, T] int32  1, 2, ... the example of the row a slot holds; 0 pad
+  src_positions, tgt_positions  [B, T] int32  a slot's position within its example
+  example_id                    [B]    int32  the row's first example
+They carry no alignments, src_ext or tgt_ext; evaluation batches are never packed.
 
 Training: `bundle.train_iter(start_step)` is infinite, reshuffled every epoch from (seed, epoch),
 and a pure function of the step: batch k is the same whether reached by iterating or by resuming
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -56,11 +64,14 @@ log = logging.getLogger(__name__)
 
 
 class _TrainPlan:
-  """Infinite sequence: step -> (bucket, rows); epoch e's order comes from rng([seed, e])."""
+  """Infinite sequence: step -> (bucket, rows); epoch e's order comes from rng([seed, e]).
 
-  def __init__(self, bucket: np.ndarray, sizes: list[int], seed: int):
-    self.bucket, self.sizes, self.seed = bucket, sizes, seed
-    self.per_epoch = len(bucketing.train_plan(bucket, sizes, np.random.default_rng(0)))
+  make_epoch(rng) -> one epoch's [(bucket, rows)]: `bucketing.train_plan` over the buckets, or
+  `bucketing.pack_plan` (rows [B, P]: the examples of each packed row)."""
+
+  def __init__(self, make_epoch, seed: int):
+    self.make_epoch, self.seed = make_epoch, seed
+    self.per_epoch = len(make_epoch(np.random.default_rng(0)))
     self._cache: dict[int, list] = {}
     self._lock = threading.Lock()  # grain reads from several threads
 
@@ -69,8 +80,7 @@ class _TrainPlan:
       if e not in self._cache:
         if len(self._cache) > 2:
           self._cache.pop(min(self._cache))
-        self._cache[e] = bucketing.train_plan(self.bucket, self.sizes,
-                                              np.random.default_rng([self.seed, e]))
+        self._cache[e] = self.make_epoch(np.random.default_rng([self.seed, e]))
       return self._cache[e]
 
   def __len__(self) -> int:
@@ -103,16 +113,23 @@ class DataBundle:
   has_alignments: bool
   _source: object = dataclasses.field(repr=False, default=None)
   _plan: _TrainPlan | None = dataclasses.field(repr=False, default=None)
+  pack_widths: tuple[int, int] | None = None  # data.pack: the (Ts, Tt) of the training rows
 
   @property
   def steps_per_epoch(self) -> int:
     return self._plan.per_epoch
 
+  @property
+  def train_shapes(self) -> list[tuple[int, int]]:
+    """The (Ts, Tt) training batches take: every bucket's, or with data.pack the packed rows'."""
+    return [self.pack_widths] if self.pack_widths else list(self.shapes)
+
   def _collate(self, role: str) -> Collate:
     src = self._source
     return Collate(self.splits[role], self.src_vocab, self.tgt_vocab, self.shapes, src.read,
                     src.read_alignment if self.has_alignments else None,
-                    extended=self.config.extended_vocab)
+                    extended=self.config.extended_vocab,
+                    packed=self.pack_widths if role == "train" else None)
 
   def train_dataset(self, select_rows=None):
     """Infinite grain.MapDataset of training batches; element k = the batch of step k.
@@ -195,18 +212,22 @@ class DataBundle:
   def train_epoch_batches(self, e: int = 0) -> list[tuple[int, int, np.ndarray]]:
     """The training batches of epoch `e` as [(Ts, Tt, rows)]: their padded shape and the rows
     of splits["train"] they hold (the same plan train_iter reads)."""
-    return [(*self.shapes[k], rows) for k, rows in self._plan.epoch(e)]
+    return [(*(self.pack_widths or self.shapes[k]), rows) for k, rows in self._plan.epoch(e)]
 
   def padding_fraction(self, role: str = "train") -> float:
     """Padding share of source + target slots over one epoch (train) or the one pass (eval/test)."""
     sp = self.splits[role]
     plan = self._plan.epoch(0) if role == "train" else self.eval_plan(role)
-    return bucketing.padding_fraction(plan, self.shapes, sp.src_len, sp.tgt_len)
+    shapes = [self.pack_widths] * len(self.shapes) if role == "train" and self.pack_widths else (
+        self.shapes)
+    return bucketing.padding_fraction(plan, shapes, sp.src_len, sp.tgt_len)
 
   def summary(self) -> str:
+    batching = (f"training rows packed into {self.pack_widths}, {self.train_batch_sizes[0]} a "
+                f"batch; eval buckets (Ts, Tt) {self.shapes}" if self.config.pack else
+                f"buckets (Ts, Tt) {self.shapes}; batch sizes {sorted(set(self.train_batch_sizes))}")
     lines = [f"data {self.config.task}: vocab src {self.src_vocab.size} tgt {self.tgt_vocab.size} "
-             f"({self.src_vocab.spec.kind}); buckets (Ts, Tt) {self.shapes}; batch sizes "
-             f"{sorted(set(self.train_batch_sizes))}; {self.steps_per_epoch} steps/epoch"]
+             f"({self.src_vocab.spec.kind}); {batching}; {self.steps_per_epoch} steps/epoch"]
     for role, sp in self.splits.items():
       c = sp.counts
       lines.append(f"  {role} ({sp.name}): {c['kept']}/{c['read']} examples, dropped {c['dropped_empty']} "
@@ -328,11 +349,25 @@ def _load(cfg: DataConfig, source, workdir: str | None) -> DataBundle:
   for sp in splits.values():
     sp.bucket = bucketing.assign(sp.src_len, sp.tgt_len, shapes)
     assert (sp.bucket >= 0).all()
-  train_bs = bucketing.batch_sizes(shapes, cfg.batch_size, cfg.tokens_per_batch)
   eval_bs = bucketing.batch_sizes(shapes, cfg.eval_bs, cfg.tokens_per_batch)
+  train = splits["train"]
+  if cfg.pack:
+    # shapes are sorted, and the last covers every example (choose_buckets, validate)
+    pack_widths = bucketing.pack_widths(train.src_len, train.tgt_len, shapes[-1],
+                                        cfg.length_multiple)
+    rows = bucketing.packed_rows_per_batch(train.src_len, train.tgt_len, pack_widths,
+                                           cfg.batch_size, cfg.tokens_per_batch)
+    train_bs = [rows] * len(shapes)
+    pack = functools.partial(bucketing.pack_plan, train.src_len, train.tgt_len, pack_widths,
+                             rows, bucket=len(shapes) - 1)
+    make_epoch = functools.partial(pack, n_batches=len(pack(np.random.default_rng(0))))
+  else:
+    pack_widths = None
+    train_bs = bucketing.batch_sizes(shapes, cfg.batch_size, cfg.tokens_per_batch)
+    make_epoch = functools.partial(bucketing.train_plan, train.bucket, train_bs)
   bundle = DataBundle(cfg, src_vocab, tgt_vocab, shapes, train_bs, eval_bs, splits,
-                      source.has_alignments, source,
-                      _TrainPlan(splits["train"].bucket, train_bs, cfg.seed))
+                      source.has_alignments, source, _TrainPlan(make_epoch, cfg.seed),
+                      pack_widths)
   for line in bundle.summary().splitlines():
     log.info("%s", line)
   return bundle

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn import registry
+from attn.data.tokens import BOS
 from attn.errors import ConfigError
 from attn.models import registries
 from attn.models.config import ModelConfig, TransformerConfig, check_attention_numbers
@@ -38,8 +39,9 @@ from attn.models.decoders import StepAttention
 from attn.models.positions import PositionalEncoding
 from attn.models.seq2seq import shift_right
 from attn.models.transformer_attention import ROLES, Role, attend_once
-from attn.models.transformer_layers import (ACTIVATIONS, ALIGNMENT_LAYER, TransformerDecoder,
-                                            TransformerEncoder, alignment, step_attention)
+from attn.models.transformer_layers import (ACTIVATIONS, ALIGNMENT_LAYER, PackedMasks,
+                                            TransformerDecoder, TransformerEncoder, alignment,
+                                            step_attention)
 
 __all__ = ["ALIGNMENT_LAYER", "Transformer", "alignment"]
 
@@ -163,9 +165,13 @@ class Transformer(nnx.Module):
     cross-attention forms no weights (fused, linear).
     embed_offset: [B, Ts, d] added to the source embeddings (before the sqrt(d) scale)."""
     k_enc, k_dec = (None, None) if dropout_key is None else jax.random.split(dropout_key)
+    packed = PackedMasks.of(batch)
     memory = self.encoder(batch["src"], batch["src_lengths"], dropout_key=k_enc,
-                          embed_offset=embed_offset)
-    logits, att = self.decoder(memory, batch["src_lengths"], shift_right(batch["tgt"]), k_dec)
+                          embed_offset=embed_offset, packed=packed)
+    tgt_in = shift_right(batch["tgt"])
+    if packed is not None:  # every example of a row starts from BOS
+      tgt_in = jnp.where(packed.tgt_positions == 0, BOS, tgt_in)
+    logits, att = self.decoder(memory, batch["src_lengths"], tgt_in, k_dec, packed=packed)
     return logits, None if att is None else step_attention(att)
 
   def counterfactual(self, batch, intervene, layers=None):

@@ -179,10 +179,12 @@ class Attention(nnx.Module):
     return prepare_heads(self.role.score, values(self.params.get("score")), k), self._heads(x, "wv")
 
   def __call__(self, q, kp, v, *, q_pos, k_pos, key_lengths=None, mask=None, causal=False,
-               fused=False, reweigh=None):
+               fused=False, reweigh=None, centres=None):
     """Attends with the role's variant and projects back: (out [B, Tq, d] float32,
     HeadAttention of [B, H, Tq, Tk] arrays, or None when the weights are never formed).
     q_pos [B or 1, Tq], k_pos [B or 1, Tk]: positions (bias, windows).
+    centres: [B or 1, Tq] the key index a window is centred on, where that is not q_pos (packed
+    rows, whose positions restart at every example).
     reweigh: weights [B, H, Tq, Tk] -> weights' of the same shape; the context is then
     weights' @ v (an intervention on what the layer reads; `Transformer.counterfactual`)."""
     p = values(self.params)
@@ -192,7 +194,8 @@ class Attention(nnx.Module):
     same_positions = self.self_attention and mask is None
     ctx, w, s = attend_heads(p, q, kp, v, self.role, key_lengths=key_lengths, mask=mask,
                              causal=causal, bias=bias,
-                             positions=jnp.broadcast_to(q_pos, (q.shape[0], q.shape[-2])),
+                             positions=jnp.broadcast_to(q_pos if centres is None else centres,
+                                                        (q.shape[0], q.shape[-2])),
                              fused=fused, same_positions=same_positions)  # ctx [B, H, Tq, dh]
     if reweigh is not None:
       if w is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +84,38 @@ def _pre_norm(cfg: ModelConfig, rngs: nnx.Rngs, build):
   return norm, build()
 
 
+class PackedMasks(NamedTuple):
+  """Rows that hold several examples one after another (data.pack): each token's position in
+  its own example, and which keys a query may see (the same example; padding has segment 0 and
+  is masked by the lengths as well)."""
+  src_positions: jax.Array  # [B, Ts] int32
+  tgt_positions: jax.Array  # [B, Tt] int32
+  src_self: jax.Array  # [B, Ts, Ts] bool
+  tgt_self: jax.Array  # [B, Tt, Tt] bool (causality is added by the attention)
+  cross: jax.Array  # [B, Tt, Ts] bool
+  cross_centres: jax.Array  # [B, Tt] int32: the source index of each target's own position
+
+  @classmethod
+  def of(cls, batch) -> "PackedMasks | None":
+    """From a batch's src/tgt_segments and _positions; None for a batch of one example a row."""
+    if "src_segments" not in batch:
+      return None
+    s, t = batch["src_segments"], batch["tgt_segments"]
+    same = lambda a, b: a[:, :, None] == b[:, None, :]
+    cross = same(t, s)
+    # A window over the source is centred on the target's position within its own example:
+    # that example's first source slot (the first of the row's keys it may see) plus it.
+    centres = jnp.argmax(cross, axis=-1).astype(jnp.int32) + batch["tgt_positions"]
+    return cls(batch["src_positions"], batch["tgt_positions"], same(s, s), same(t, t), cross,
+               centres)
+
+  @staticmethod
+  def row_centres(x):
+    """Self-attention windows of a packed row x [B, T, ...] are centred on the query's own
+    slot."""
+    return jnp.arange(x.shape[1])[None]
+
+
 class EncoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str):
     self.rate = cfg.dropout
@@ -91,14 +124,17 @@ class EncoderLayer(nnx.Module):
     self.norm_ff, self.ff = _pre_norm(
         cfg, rngs, lambda: FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype))
 
-  def __call__(self, x, src_lengths, positions, key=None):
-    """x: [B, Ts, d]; positions: [1, Ts]. Padded keys are masked; padded rows computed and
-    never read (cross-attention masks them too)."""
+  def __call__(self, x, src_lengths, positions, key=None, mask=None):
+    """x: [B, Ts, d]; positions: [B or 1, Ts]; mask: [B, Ts, Ts] bool or None (packed rows:
+    the same example). Padded keys are masked; padded rows computed and never read
+    (cross-attention masks them too)."""
     k1, k2 = _keys(key, 2)
     h = self.norm_attn(x)
     kp, v = self.attn.keys_values(h, positions)
     out, _ = self.attn(self.attn.queries(h, positions), kp, v, q_pos=positions, k_pos=positions,
-                       key_lengths=src_lengths, fused=self.attn.fused)
+                       key_lengths=src_lengths, mask=mask,
+                       fused=self.attn.fused and mask is None,
+                       centres=None if mask is None else PackedMasks.row_centres(x))
     x = x + dropout(out, self.rate, k1)
     return x + dropout(self.ff(self.norm_ff(x)), self.rate, k2)
 
@@ -117,27 +153,35 @@ class DecoderLayer(nnx.Module):
     """Cross-attention keys and values of the encoder output [B, Ts, d] (no positions)."""
     return self.cross.keys_values(memory, None)
 
-  def _rest(self, y, q_pos, cross_kv, src_lengths, keys, fused, reweigh=None):
+  def _rest(self, y, q_pos, cross_kv, src_lengths, keys, fused, reweigh=None,
+            packed: PackedMasks | None = None):
     """Cross-attention and feed-forward after the self-attention block: (y, HeadAttention
     or None)."""
     h = self.norm_cross(y)
+    mask, centres = (None, None) if packed is None else (packed.cross, packed.cross_centres)
     out, att = self.cross(self.cross.queries(h, q_pos), *cross_kv, q_pos=q_pos, k_pos=None,
-                          key_lengths=src_lengths, fused=fused, reweigh=reweigh)
+                          key_lengths=src_lengths, mask=mask, fused=fused and mask is None,
+                          reweigh=reweigh, centres=centres)
     y = y + dropout(out, self.rate, keys[0])
     return y + dropout(self.ff(self.norm_ff(y)), self.rate, keys[1]), att
 
-  def __call__(self, y, cross_kv, src_lengths, positions, key=None, reweigh=None):
-    """Teacher forcing. y: [B, Tt, d]; positions: [1, Tt]; reweigh: see Attention.__call__
-    (cross-attention). Returns (y, the cross-attention's HeadAttention of [B, H, Tt, Ts] arrays,
-    or None)."""
+  def __call__(self, y, cross_kv, src_lengths, positions, key=None, reweigh=None,
+               packed: PackedMasks | None = None):
+    """Teacher forcing. y: [B, Tt, d]; positions: [B or 1, Tt]; reweigh: see Attention.__call__
+    (cross-attention); packed: the masks of packed rows. Returns (y, the cross-attention's
+    HeadAttention of [B, H, Tt, Ts] arrays, or None)."""
     keys = _keys(key, 3)
     h = self.norm_self(y)
     kp, v = self.self_attn.keys_values(h, positions)
     # Causality alone keeps every valid query off target padding, which sits after it.
+    self_mask = None if packed is None else packed.tgt_self
     out, _ = self.self_attn(self.self_attn.queries(h, positions), kp, v, q_pos=positions,
-                            k_pos=positions, causal=True, fused=self.self_attn.fused)
+                            k_pos=positions, causal=True, mask=self_mask,
+                            fused=self.self_attn.fused and self_mask is None,
+                            centres=None if packed is None else PackedMasks.row_centres(y))
     y = y + dropout(out, self.rate, keys[0])
-    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], self.cross.fused, reweigh)
+    return self._rest(y, positions, cross_kv, src_lengths, keys[1:], self.cross.fused, reweigh,
+                      packed)
 
   def step(self, y, cache, t, src_lengths):
     """One decoding step. y: [B, 1, d]; cache: {"k", "v": [B, H, C, dh'], "cross_k",
@@ -193,13 +237,15 @@ class TransformerEncoder(nnx.Module):
     """The token lookup, under the RNN encoder's name (attribution reads it)."""
     return self.embedding.embed
 
-  def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None):
-    """src: [B, Ts]; src_lengths: [B]. Returns [B, Ts, d] (rows past a length are never read)."""
+  def __call__(self, src, src_lengths, *, dropout_key=None, embed_offset=None,
+               packed: PackedMasks | None = None):
+    """src: [B, Ts]; src_lengths: [B]; packed: the positions and masks of packed rows. Returns
+    [B, Ts, d] (rows past a length are never read)."""
     keys = _keys(dropout_key, len(self.layers) + 1)
-    positions = jnp.arange(src.shape[1])[None]  # [1, Ts]
+    positions = jnp.arange(src.shape[1])[None] if packed is None else packed.src_positions
     x = self.embedding(src, positions, keys[0], embed_offset)
     for layer, key in zip(self.layers, keys[1:]):
-      x = layer(x, src_lengths, positions, key)
+      x = layer(x, src_lengths, positions, key, mask=None if packed is None else packed.src_self)
     return self.norm(x)
 
 
@@ -221,19 +267,20 @@ class TransformerDecoder(nnx.Module):
       return dense(y, self.embedding.embed.embedding[...].T, self.compute_dtype)
     return _linear(self.out, y, self.compute_dtype)
 
-  def __call__(self, memory, src_lengths, tgt_in, dropout_key=None, reweigh=None):
-    """Teacher forcing on tgt_in [B, Tt] (BOS-shifted). reweigh: (weights [B, H, Tt, Ts],
-    layer index) -> weights', applied to every layer's cross-attention. Returns (logits
-    [B, Tt, V], the cross-attention of every layer, HeadAttention of [B, L, H, Tt, Ts] arrays,
-    or None when it forms no weights)."""
+  def __call__(self, memory, src_lengths, tgt_in, dropout_key=None, reweigh=None,
+               packed: PackedMasks | None = None):
+    """Teacher forcing on tgt_in [B, Tt] (BOS-shifted; packed rows: BOS at every example's
+    start). reweigh: (weights [B, H, Tt, Ts], layer index) -> weights', applied to every
+    layer's cross-attention. Returns (logits [B, Tt, V], the cross-attention of every layer,
+    HeadAttention of [B, L, H, Tt, Ts] arrays, or None when it forms no weights)."""
     keys = _keys(dropout_key, len(self.layers) + 1)
-    positions = jnp.arange(tgt_in.shape[1])[None]  # [1, Tt]
+    positions = jnp.arange(tgt_in.shape[1])[None] if packed is None else packed.tgt_positions
     y = self.embedding(tgt_in, positions, keys[0])
     atts = []
     for i, (layer, key) in enumerate(zip(self.layers, keys[1:])):
       layer_reweigh = None if reweigh is None else functools.partial(reweigh, layer=i)
       y, att = layer(y, layer.cross_keys_values(memory), src_lengths, positions, key,
-                     reweigh=layer_reweigh)
+                     reweigh=layer_reweigh, packed=packed)
       atts.append(att)
     stacked = None if atts[0] is None else jax.tree.map(lambda *x: jnp.stack(x, axis=1), *atts)
     return self.logits(y), stacked

@@ -293,10 +293,12 @@ class RowShard:
     return -(-rows // self.blocks) * self.blocks
 
   def select(self, rows: np.ndarray) -> np.ndarray:
-    """This process's rows of a global batch (`rows`: its record indices, -1 = filler)."""
-    rows = np.asarray(rows)
-    full = np.concatenate([rows, -np.ones(self.pad_rows(rows.size) - rows.size, rows.dtype)])
-    b = full.size // self.blocks
+    """This process's rows of a global batch (`rows`: its record indices, -1 = filler; or
+    [B, P], each packed row's)."""
+    rows = np.asarray(rows)  # [B], or [B, P]: the examples of packed rows (data.pack)
+    filler = -np.ones((self.pad_rows(len(rows)) - len(rows),) + rows.shape[1:], rows.dtype)
+    full = np.concatenate([rows, filler])
+    b = len(full) // self.blocks
     return np.concatenate([full[d * b:(d + 1) * b] for d in self.mine])
 
 

@@ -25,7 +25,8 @@ from attn.training import distributed
 log = logging.getLogger(__name__)
 
 # What the model reads from a batch (src_ext / tgt_ext: with data.extended_vocab only).
-BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths", "src_ext", "tgt_ext")
+BATCH_KEYS = ("src", "src_lengths", "tgt", "tgt_lengths", "src_ext", "tgt_ext",
+              "src_segments", "tgt_segments", "src_positions", "tgt_positions")  # packed rows
 
 
 def device_batch(batch):
