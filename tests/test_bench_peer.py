@@ -41,9 +41,11 @@ def test_the_stages_bracket_ours_between_two_peer_runs(tmp_path):
   names = [st.name for st in ps.plan(s, data=DATA, warmup=47)]
   assert names == ["peer_rnn", "peer_rnn_decode", "ours_rnn_bench", "ours_rnn_train",
                    "ours_rnn_decode", "peer_rnn_again", "peer_rnn_decode_again", "peer_tfm",
-                   "ours_tfm_bench", "peer_tfm_again"]
+                   "ours_tfm_bench", "ours_tfm_packed_bench", "peer_tfm_again"]
   no_tfm = ps.plan(_settings(tmp_path, transformer_steps=0), data=DATA, warmup=47)
   assert [st.name for st in no_tfm] == names[:7]
+  tfm_only = ps.plan(_settings(tmp_path, rnn=False), data=DATA, warmup=47)
+  assert [st.name for st in tfm_only] == names[7:]
 
 
 def test_the_commands_train_both_at_equal_steps_and_joeys_sizes(tmp_path):
@@ -74,6 +76,9 @@ def test_the_commands_train_both_at_equal_steps_and_joeys_sizes(tmp_path):
   tfm = st["ours_tfm_bench"].command
   assert "--config=experiments/configs/translate.py:multi30k_transformer" in tfm
   assert not set(ps.JOEY_SIZES) & set(tfm)
+  packed = st["ours_tfm_packed_bench"].command
+  assert set(packed) - set(tfm) == {"--config.data.pack=True",
+                                    f"--workdir={out}/ours/bench_multi30k_transformer_packed"}
   assert {"--arch=transformer", "--steps=40"} <= set(st["peer_tfm_again"].command)
 
 
@@ -82,6 +87,8 @@ def test_the_commands_train_both_at_equal_steps_and_joeys_sizes(tmp_path):
     (dict(transformer_steps=-1), "--transformer_steps=-1 must be >= 0"),
     (dict(beam_sizes=(1, 0)), "--beam_sizes=1,0: each must be >= 1"),
     (dict(compute_dtypes=()), "--compute_dtypes: name at least one"),
+    (dict(rnn=False, transformer_steps=0),
+     "--rnn=False with --transformer_steps=0 leaves no bracket to run"),
 ])
 def test_bad_settings_are_one_line(tmp_path, bad, message):
   with pytest.raises(ConfigError) as e:

@@ -10,7 +10,9 @@ Stages, in order (each a subprocess whose output goes to <out>/logs/<stage>.log)
   ours_rnn_decode        experiments.bench_decode of that run (greedy, beam 5)
   peer_rnn_again         JoeyNMT's RNN again, `again_steps` updates of a fresh model
   peer_rnn_decode_again  the first bracket's model decodes again
-  peer_tfm, ours_tfm_bench, peer_tfm_again   the same bracket for the Transformer's rate
+  peer_tfm, ours_tfm_bench, ours_tfm_packed_bench, peer_tfm_again
+                         the same bracket for the Transformer's rate, ours in the buckets and
+                         on packed rows (data.pack); --rnn=False runs these alone
 Each finished stage leaves <out>/stages/<stage>.json: its command, load averages, wall time and
 figures. Rerunning with the same --out skips the leading stages that finished with the same
 command; from the first stage that runs, every later one runs again, so that a sitting's
@@ -64,6 +66,8 @@ class Settings:
   again_steps: int = option(40, "RNN steps of the peer's second bracket (its rate only).")
   transformer_steps: int = option(40, "Steps of each Transformer peer bracket; 0 = no "
                                   "Transformer brackets.")
+  rnn: bool = option(True, "The RNN brackets (peer_rnn to peer_rnn_decode_again); False: the "
+                     "Transformer's alone.")
   bench_steps: int = option(20, "bench_train: timed batches per dtype and round.")
   bench_rounds: int = option(2, "bench_train: rounds over the dtypes.")
   compute_dtypes: tuple[str, ...] = option(("float32", "bfloat16"), "bench_train's dtypes.")
@@ -85,6 +89,8 @@ class Settings:
       raise ConfigError(f"--beam_sizes={','.join(map(str, self.beam_sizes))}: each must be >= 1")
     if not self.compute_dtypes:
       raise ConfigError("--compute_dtypes: name at least one")
+    if not self.rnn and not self.transformer_steps:
+      raise ConfigError("--rnn=False with --transformer_steps=0 leaves no bracket to run")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,12 +119,12 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
                                   f"--work={joey}", "--run=rnn", f"--beam_sizes={beams}",
                                   f"--tag={tag}", f"--json_out={raw(name)}"), raw(name))
 
-  def ours_bench(name, preset, sizes):
+  def ours_bench(name, preset, sizes, workdir=""):
     return Stage(name, "bench_train", (
         python, "-m", "experiments.bench_train", f"--config={TRANSLATE_CONFIG}:{preset}",
         *sizes, f"--config.data.dir={data}", f"--compute_dtypes={','.join(s.compute_dtypes)}",
         f"--steps={s.bench_steps}", f"--rounds={s.bench_rounds}",
-        f"--workdir={os.path.join(s.out, 'ours', 'bench_' + preset)}"))
+        f"--workdir={os.path.join(s.out, 'ours', 'bench_' + (workdir or preset))}"))
 
   run_dir = os.path.join(s.out, "ours", "rnn")
   train = Stage("ours_rnn_train", "translate", (
@@ -136,10 +142,12 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
   stages = [peer_train("peer_rnn", "rnn", "rnn", s.steps), peer_decode("peer_rnn_decode", "1"),
             ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
             peer_train("peer_rnn_again", "rnn", "rnn_again", s.again_steps),
-            peer_decode("peer_rnn_decode_again", "2")]
+            peer_decode("peer_rnn_decode_again", "2")] if s.rnn else []
   if s.transformer_steps:
     stages += [peer_train("peer_tfm", "transformer", "tfm", s.transformer_steps),
                ours_bench("ours_tfm_bench", "multi30k_transformer", ()),
+               ours_bench("ours_tfm_packed_bench", "multi30k_transformer",
+                          ("--config.data.pack=True",), "multi30k_transformer_packed"),
                peer_train("peer_tfm_again", "transformer", "tfm_again", s.transformer_steps)]
   return stages
 

@@ -59,6 +59,10 @@ def rows_for(compute_dtypes, beam_sizes, steps: int, transformer: bool) -> list[
     tfm = ("peer_tfm", "ours_tfm_bench", "peer_tfm_again")
     rows += [Row(f"Transformer training, target tokens/s (ours: bench_train, {d})", tfm,
                  ("tokens_per_s",), (d, "tokens_per_s")) for d in compute_dtypes]
+    packed = ("peer_tfm", "ours_tfm_packed_bench", "peer_tfm_again")
+    rows += [Row(f"Transformer training on packed rows, target tokens/s (ours: bench_train, "
+                 f"data.pack, {d})", packed, ("tokens_per_s",), (d, "tokens_per_s"))
+             for d in compute_dtypes]
   return rows
 
 
