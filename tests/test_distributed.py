@@ -206,6 +206,9 @@ def test_each_process_reads_its_blocks_of_the_global_batch_padded_with_filler_ro
   np.testing.assert_array_equal(whole.select(rows), [10, 11, 12, 13, 14, 15, -1, -1])
   np.testing.assert_array_equal(distributed.RowShard(4, (2, 3)).select(rows), [14, 15, -1, -1])
   np.testing.assert_array_equal(distributed.RowShard(2, (1,)).select(rows), [13, 14, 15])
+  packed = np.array([[1, 2], [3, -1], [4, 5]])  # packed rows (data.pack): their examples
+  np.testing.assert_array_equal(distributed.RowShard(4, (1, 3)).select(packed),
+                                [[3, -1], [-1, -1]])
   local = {"src": np.arange(8)[:, None] * np.ones((1, 3), np.int32)}
   mesh = distributed.make_mesh("")
   out = distributed.global_batch(local, mesh, distributed.row_shard(mesh))
