@@ -48,6 +48,14 @@ def lengths_table(bundle: pipeline.DataBundle) -> list[str]:
 
 def bucket_table(bundle: pipeline.DataBundle) -> list[str]:
   train = bundle.splits["train"]
+  if bundle.pack_widths:  # the buckets batch evaluation only; training batches are packed rows
+    ts, tt = bundle.pack_widths
+    examples = np.mean([np.count_nonzero(rows >= 0) for _, _, rows in
+                        bundle.train_epoch_batches(0)])
+    return [f"training: packed rows of ({ts}, {tt}), {bundle.train_batch_sizes[0]} a batch, "
+            f"{examples:.1f} examples a batch on average",
+            "bucket  (Ts, Tt)  eval/test"] + [f"{k:6d}  ({s:3d},{t:3d})"
+                                             for k, (s, t) in enumerate(bundle.shapes)]
   lines = ["bucket  (Ts, Tt)   B  train examples"]
   for k, (ts, tt) in enumerate(bundle.shapes):
     lines.append(f"{k:6d}  ({ts:3d},{tt:3d})  {bundle.train_batch_sizes[k]:3d}  "

@@ -1,6 +1,11 @@
 """Packed training rows (data.pack): the packing plan, packed batches, and the Transformer on a
 packed row computing what it computes on each of its examples alone (logits, loss, gradients)."""
 
+import os
+import re
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +23,7 @@ from experiments.configs import translate as translate_config
 from experiments.configs import use_arch
 from model_configs import model_config
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V_SRC, V_TGT = 23, 19
 
 
@@ -109,6 +115,17 @@ def test_packed_batches_hold_each_example_as_it_is_alone(packed_bundle):
 
 def test_packed_padding_is_below_the_buckets(packed_bundle):
   assert packed_bundle.padding_fraction("train") < 0.1
+
+
+def test_data_stats_describes_packed_rows(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.data_stats", "--config=experiments/configs/data.py:smoke",
+       "--config.pack=True", "--config.cache_dir=" + str(tmp_path / "cache"),
+       "--workdir=" + str(tmp_path / "work"), "--batches=5"],
+      check=True, cwd=REPO, capture_output=True, text=True).stdout
+  line = next(l for l in out.splitlines() if l.startswith("training: packed rows of ("))
+  assert re.fullmatch(r"training: packed rows of \(\d+, \d+\), \d+ a batch, [\d.]+ examples a "
+                      r"batch on average", line), line
 
 
 def _packed_batch(rows, Ts, Tt, seed=0):
