@@ -162,8 +162,8 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
 
 def padding_work(base, seed: int = 0) -> str:
   """One line: the training matmul work per real target token over the first epoch's batches
-  (the buckets, or the packed rows), with no padding at all, and in random batches of the same size padded to their
-  longest (no buckets); the padding's share of the bucketed work. At a fixed share of the
+  (the buckets, or the packed rows), with no padding at all, and in random batches of as many
+  examples padded to their longest (no buckets); the padding's share of the bucketed work. At a fixed share of the
   ceiling, tokens/s goes as the inverse of the work per token."""
   from attn.data import bucketing  # pylint: disable=import-outside-toplevel
   from attn.models import cost  # pylint: disable=import-outside-toplevel
@@ -175,11 +175,12 @@ def padding_work(base, seed: int = 0) -> str:
   size = int(round(np.mean([np.count_nonzero(rows >= 0) for _, _, rows in epoch])))  # examples
   random = cost.plan_flops_per_token(mc, bucketing.unbucketed_batches(
       sp.src_len, sp.tgt_len, size, np.random.default_rng(seed)), sp.tgt_len)
-  ours = f"rows packed into {bundle.pack_widths}" if bundle.pack_widths else "the buckets"
+  ours, short = ((f"rows packed into {bundle.pack_widths}", "packed rows") if bundle.pack_widths
+                 else ("the buckets", "buckets"))
   return (f"matmul work per target token over the first epoch: {bucketed / 1e6:.2f} MFLOP in "
           f"{ours}, {floor / 1e6:.2f} with no padding (padding {1 - floor / bucketed:.0%} "
           f"of the work), {random / 1e6:.2f} in random batches of {size} padded to their longest "
-          f"({random / bucketed:.2f}x the {'packed rows' if bundle.pack_widths else 'buckets'}')")
+          f"({random / bucketed:.2f}x the {short}')")
 
 
 def run(config, s: Settings) -> str:

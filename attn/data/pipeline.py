@@ -69,9 +69,9 @@ class _TrainPlan:
   make_epoch(rng) -> one epoch's [(bucket, rows)]: `bucketing.train_plan` over the buckets, or
   `bucketing.pack_plan` (rows [B, P]: the examples of each packed row)."""
 
-  def __init__(self, make_epoch, seed: int):
+  def __init__(self, make_epoch, seed: int, per_epoch: int | None = None):
     self.make_epoch, self.seed = make_epoch, seed
-    self.per_epoch = len(make_epoch(np.random.default_rng(0)))
+    self.per_epoch = per_epoch or len(make_epoch(np.random.default_rng(0)))
     self._cache: dict[int, list] = {}
     self._lock = threading.Lock()  # grain reads from several threads
 
@@ -217,14 +217,14 @@ class DataBundle:
   def padding_fraction(self, role: str = "train") -> float:
     """Padding share of source + target slots over one epoch (train) or the one pass (eval/test)."""
     sp = self.splits[role]
-    plan = self._plan.epoch(0) if role == "train" else self.eval_plan(role)
-    shapes = [self.pack_widths] * len(self.shapes) if role == "train" and self.pack_widths else (
-        self.shapes)
-    return bucketing.padding_fraction(plan, shapes, sp.src_len, sp.tgt_len)
+    if role == "train":
+      return bucketing.batches_padding_fraction(self.train_epoch_batches(0), sp.src_len,
+                                                sp.tgt_len)
+    return bucketing.padding_fraction(self.eval_plan(role), self.shapes, sp.src_len, sp.tgt_len)
 
   def summary(self) -> str:
     batching = (f"training rows packed into {self.pack_widths}, {self.train_batch_sizes[0]} a "
-                f"batch; eval buckets (Ts, Tt) {self.shapes}" if self.config.pack else
+                f"batch; eval buckets (Ts, Tt) {self.shapes}" if self.pack_widths else
                 f"buckets (Ts, Tt) {self.shapes}; batch sizes {sorted(set(self.train_batch_sizes))}")
     lines = [f"data {self.config.task}: vocab src {self.src_vocab.size} tgt {self.tgt_vocab.size} "
              f"({self.src_vocab.spec.kind}); {batching}; {self.steps_per_epoch} steps/epoch"]
@@ -360,14 +360,15 @@ def _load(cfg: DataConfig, source, workdir: str | None) -> DataBundle:
     train_bs = [rows] * len(shapes)
     pack = functools.partial(bucketing.pack_plan, train.src_len, train.tgt_len, pack_widths,
                              rows, bucket=len(shapes) - 1)
-    make_epoch = functools.partial(pack, n_batches=len(pack(np.random.default_rng(0))))
+    per_epoch = len(pack(np.random.default_rng(0)))
+    make_epoch = functools.partial(pack, n_batches=per_epoch)
   else:
-    pack_widths = None
+    pack_widths, per_epoch = None, None
     train_bs = bucketing.batch_sizes(shapes, cfg.batch_size, cfg.tokens_per_batch)
     make_epoch = functools.partial(bucketing.train_plan, train.bucket, train_bs)
   bundle = DataBundle(cfg, src_vocab, tgt_vocab, shapes, train_bs, eval_bs, splits,
-                      source.has_alignments, source, _TrainPlan(make_epoch, cfg.seed),
-                      pack_widths)
+                      source.has_alignments, source,
+                      _TrainPlan(make_epoch, cfg.seed, per_epoch), pack_widths)
   for line in bundle.summary().splitlines():
     log.info("%s", line)
   return bundle

@@ -188,6 +188,7 @@ class Attention(nnx.Module):
     reweigh: weights [B, H, Tq, Tk] -> weights' of the same shape; the context is then
     weights' @ v (an intervention on what the layer reads; `Transformer.counterfactual`)."""
     p = values(self.params)
+    fused = fused and mask is None  # the kernels take key lengths, never a mask
     bias = self.pos.bias(self.num_heads, q_pos, k_pos)
     # Self-attention without a mask is encoding or teacher forcing (a decoding step masks its
     # cache): the keys sit at the queries' positions 0..T-1.

@@ -109,11 +109,15 @@ class PackedMasks(NamedTuple):
     return cls(batch["src_positions"], batch["tgt_positions"], same(s, s), same(t, t), cross,
                centres)
 
-  @staticmethod
-  def row_centres(x):
-    """Self-attention windows of a packed row x [B, T, ...] are centred on the query's own
-    slot."""
-    return jnp.arange(x.shape[1])[None]
+
+def packed_attention(packed: PackedMasks | None, role: str, x) -> dict:
+  """The Attention keywords of packed rows for `role` (src_self, tgt_self, cross) with queries
+  x [B, T, d]: the role's mask, and the key index each query's window is centred on (its own
+  slot in self-attention); {} for one example a row."""
+  if packed is None:
+    return {}
+  centres = packed.cross_centres if role == "cross" else jnp.arange(x.shape[1])[None]
+  return {"mask": getattr(packed, role), "centres": centres}
 
 
 class EncoderLayer(nnx.Module):
@@ -124,17 +128,15 @@ class EncoderLayer(nnx.Module):
     self.norm_ff, self.ff = _pre_norm(
         cfg, rngs, lambda: FeedForward(cfg, rngs=rngs, compute_dtype=compute_dtype))
 
-  def __call__(self, x, src_lengths, positions, key=None, mask=None):
-    """x: [B, Ts, d]; positions: [B or 1, Ts]; mask: [B, Ts, Ts] bool or None (packed rows:
-    the same example). Padded keys are masked; padded rows computed and never read
-    (cross-attention masks them too)."""
+  def __call__(self, x, src_lengths, positions, key=None, packed: PackedMasks | None = None):
+    """x: [B, Ts, d]; positions: [B or 1, Ts]; packed: the masks of packed rows. Padded keys are
+    masked; padded rows computed and never read (cross-attention masks them too)."""
     k1, k2 = _keys(key, 2)
     h = self.norm_attn(x)
     kp, v = self.attn.keys_values(h, positions)
     out, _ = self.attn(self.attn.queries(h, positions), kp, v, q_pos=positions, k_pos=positions,
-                       key_lengths=src_lengths, mask=mask,
-                       fused=self.attn.fused and mask is None,
-                       centres=None if mask is None else PackedMasks.row_centres(x))
+                       key_lengths=src_lengths, fused=self.attn.fused,
+                       **packed_attention(packed, "src_self", x))
     x = x + dropout(out, self.rate, k1)
     return x + dropout(self.ff(self.norm_ff(x)), self.rate, k2)
 
@@ -158,10 +160,9 @@ class DecoderLayer(nnx.Module):
     """Cross-attention and feed-forward after the self-attention block: (y, HeadAttention
     or None)."""
     h = self.norm_cross(y)
-    mask, centres = (None, None) if packed is None else (packed.cross, packed.cross_centres)
     out, att = self.cross(self.cross.queries(h, q_pos), *cross_kv, q_pos=q_pos, k_pos=None,
-                          key_lengths=src_lengths, mask=mask, fused=fused and mask is None,
-                          reweigh=reweigh, centres=centres)
+                          key_lengths=src_lengths, fused=fused, reweigh=reweigh,
+                          **packed_attention(packed, "cross", y))
     y = y + dropout(out, self.rate, keys[0])
     return y + dropout(self.ff(self.norm_ff(y)), self.rate, keys[1]), att
 
@@ -174,11 +175,9 @@ class DecoderLayer(nnx.Module):
     h = self.norm_self(y)
     kp, v = self.self_attn.keys_values(h, positions)
     # Causality alone keeps every valid query off target padding, which sits after it.
-    self_mask = None if packed is None else packed.tgt_self
     out, _ = self.self_attn(self.self_attn.queries(h, positions), kp, v, q_pos=positions,
-                            k_pos=positions, causal=True, mask=self_mask,
-                            fused=self.self_attn.fused and self_mask is None,
-                            centres=None if packed is None else PackedMasks.row_centres(y))
+                            k_pos=positions, causal=True, fused=self.self_attn.fused,
+                            **packed_attention(packed, "tgt_self", y))
     y = y + dropout(out, self.rate, keys[0])
     return self._rest(y, positions, cross_kv, src_lengths, keys[1:], self.cross.fused, reweigh,
                       packed)
@@ -245,7 +244,7 @@ class TransformerEncoder(nnx.Module):
     positions = jnp.arange(src.shape[1])[None] if packed is None else packed.src_positions
     x = self.embedding(src, positions, keys[0], embed_offset)
     for layer, key in zip(self.layers, keys[1:]):
-      x = layer(x, src_lengths, positions, key, mask=None if packed is None else packed.src_self)
+      x = layer(x, src_lengths, positions, key, packed)
     return self.norm(x)
 
 

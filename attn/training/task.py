@@ -232,23 +232,8 @@ def check_sections(mc: ModelConfig, data, train) -> None:
   if getattr(mc.settings, "share_embeddings", False) and not data.shared_vocab:
     raise ConfigError(f"model.{mc.arch}.share_embeddings=True needs data.shared_vocab=True: "
                       "one embedding serves both sides only over one vocabulary")
-  if data.pack and mc.arch != "transformer":
-    raise ConfigError(f"data.pack=True with model.arch={mc.arch}: only the Transformer keeps "
-                      "the examples of a packed row apart (its attention is masked per example); "
-                      "a recurrent encoder would carry one example's state into the next")
-  if data.pack and mc.arch == "transformer":
-    for field in ("enc_self", "dec_self", "cross"):
-      scope = getattr(mc.transformer, field).scope
-      if scope in ("linear", "local_p"):
-        raise ConfigError(
-            f"data.pack=True with model.transformer.{field}.scope={scope}: "
-            + ("linear attention takes key masks only, not the per-example masks of a packed "
-               "row" if scope == "linear" else "local_p predicts a window over the whole "
-               "row's source, not over one example's") + "; pack with another scope")
-  if data.pack and mc.fused:
-    raise ConfigError("data.pack=True with model.fused=True: the fused kernels take key "
-                      "lengths, not the per-example masks a packed row needs; set one of them "
-                      "False")
+  if data.pack:
+    check_packable(mc)
   widest = data.widest_batch
   for side, (field, limit, why) in mc.length_limits().items():
     width, source = widest[side]
@@ -256,3 +241,23 @@ def check_sections(mc: ModelConfig, data, train) -> None:
       raise ConfigError(f"{field}={limit} is below the widest {side} batch, {width} tokens "
                         f"({source}): with {why} the model has no position past {field}; "
                         f"raise it to {width} or narrow the data")
+
+
+def check_packable(mc: ModelConfig) -> None:
+  """ConfigError naming the setting that data.pack=True (packed training rows) cannot serve."""
+  if mc.arch != "transformer":
+    raise ConfigError(f"data.pack=True with model.arch={mc.arch}: only the Transformer keeps "
+                      "the examples of a packed row apart (its attention is masked per example); "
+                      "a recurrent encoder would carry one example's state into the next")
+  for field in ("enc_self", "dec_self", "cross"):
+    scope = getattr(mc.transformer, field).scope
+    if scope in ("linear", "local_p"):
+      raise ConfigError(
+          f"data.pack=True with model.transformer.{field}.scope={scope}: "
+          + ("linear attention takes key masks only, not the per-example masks of a packed "
+             "row" if scope == "linear" else "local_p predicts a window over the whole "
+             "row's source, not over one example's") + "; pack with another scope")
+  if mc.fused:
+    raise ConfigError("data.pack=True with model.fused=True: the fused kernels take key "
+                      "lengths, not the per-example masks a packed row needs; set one of them "
+                      "False")
