@@ -159,23 +159,6 @@ def test_one_bfloat16_train_step_with_dropout_through_the_translation_task():
   assert float(jnp.abs(moved).max()) > 1e-3
 
 
-def test_dropout_masks_come_from_xla_rng_bit_generator_at_the_rate():
-  """The Transformer's dropout: no threefry bernoulli in a teacher-forced pass (XLA:CPU runs it
-  as elementwise rounds, ~10x the native generator's time), keep rate 1 - rate, the kept
-  values scaled by 1 / (1 - rate), one mask per key, identity without a key."""
-  from attn.models.transformer_layers import dropout
-  model = build_model(_cfg(dropout=0.3))
-  jaxpr = str(jax.make_jaxpr(lambda k: model.attention(_batch(), k)[0])(jax.random.PRNGKey(0)))
-  assert "rng_bit_generator" in jaxpr and "bernoulli" not in jaxpr
-  x = jnp.full((256, 1000), 2.0)
-  a, b = dropout(x, 0.3, jax.random.PRNGKey(1)), dropout(x, 0.3, jax.random.PRNGKey(2))
-  assert abs(float(jnp.mean(a > 0)) - 0.7) < 0.005
-  np.testing.assert_allclose(np.unique(np.asarray(a)), [0.0, 2.0 / 0.7], rtol=1e-6)
-  assert 0.5 < float(jnp.mean((a > 0) == (b > 0))) < 0.65  # independent masks: 0.7^2 + 0.3^2
-  np.testing.assert_array_equal(a, dropout(x, 0.3, jax.random.PRNGKey(1)))
-  assert dropout(x, 0.3, None) is x and dropout(x, 0.0, jax.random.PRNGKey(1)) is x
-
-
 def test_float32_matmuls_go_through_the_custom_vjp_matmul():
   """Every projection, feed-forward and output matmul of a float32 Transformer runs through
   attn.precision.matmul (its backward reads the saved x^T), in float32 throughout."""

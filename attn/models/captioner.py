@@ -24,7 +24,8 @@ from flax import nnx
 
 from attn.models import registries
 from attn.models.config import ModelConfig
-from attn.models.encoder import EncoderOutput, dropout
+from attn.models.dropout import dropout
+from attn.models.encoder import EncoderOutput
 from attn.models.seq2seq import Seq2Seq
 
 # The region CNN's channels; each convolution (3x3, ReLU) is followed by 2x2 average pooling.

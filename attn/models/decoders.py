@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attn
-from attn.models.encoder import dropout
+from attn.models.dropout import dropout
 from attn.models import registries
 from attn.models.layers import linear
 from attn.models.params import as_params, values

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attn.models.dropout import dropout
 from attn.models.layers import mixed_cell
 from attn.models import registries
 
@@ -33,14 +34,6 @@ class LSTM:
       nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs), compute_dtype))
   carry_from_h = staticmethod(lambda h: (jnp.zeros_like(h), h))
   h_of = staticmethod(lambda carry: carry[1])
-
-
-def dropout(x, rate, key):
-  """Inverted dropout; identity when key is None (evaluation) or rate == 0."""
-  if key is None or rate == 0.0:
-    return x
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
 class EncoderOutput(NamedTuple):

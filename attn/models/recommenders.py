@@ -26,6 +26,7 @@ from flax import nnx
 import attn
 from attn.config.configurable import option
 from attn.errors import ConfigError
+from attn.models.dropout import dropout
 from attn.models.params import as_params, values
 from attn.registry import Registry
 
@@ -92,11 +93,7 @@ class _Base(nnx.Module):
   def drop(self, x, key, i: int):
     """Inverted dropout of `x` at model.dropout with the `i`th key folded from `key`; the
     identity when `key` is None (evaluation)."""
-    rate = self.cfg.dropout
-    if key is None or rate == 0:
-      return x
-    keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0)
+    return dropout(x, self.cfg.dropout, None if key is None else jax.random.fold_in(key, i))
 
   def logits(self, h):
     """h [..., d] -> scores of every item [..., num_items + 1], PAD at -inf."""
