@@ -177,7 +177,9 @@ def test_bfloat16_train_step_runs_its_matmuls_in_bfloat16():
   assert has(D, V, in_scan=False)  # the output layer, all steps at once
   assert has(D + He + E, D, in_scan=False)  # the deep-output readout
   assert has(E + He, 3 * D, in_scan=True) and has(D, 3 * D, in_scan=True)  # decoder GRU
-  assert has(E, 3 * cfg.rnn.enc_hidden, in_scan=True)  # encoder GRU
+  # encoder GRU: the input projection over all positions, the recurrent one a step
+  H = cfg.rnn.enc_hidden
+  assert has(E, 3 * H, in_scan=False) and has(H, 3 * H, in_scan=True)
   # Forward and both backward products of the layers: all but the attention primitives'
   # own small projections (attn.scores) run in bfloat16.
   assert sum(m.flops for m in low) > 0.8 * sum(m.flops for m in dots)

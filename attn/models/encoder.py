@@ -25,6 +25,17 @@ class GRU:
   carry_from_h = staticmethod(lambda h: h)
   h_of = staticmethod(lambda carry: carry)
 
+  @staticmethod
+  def step(cell: nnx.GRUCell, h, xi):
+    """nnx.GRUCell's update from xi = cell.dense_i(x) computed beforehand: h [B, H], xi [B, 3H]
+    -> h'. The same arithmetic as GRUCell.__call__ (its reset gate scales the bias-free
+    recurrent candidate, dense_h(h)_n)."""
+    xr, xz, xn = jnp.split(xi, 3, axis=-1)
+    hr, hz, hn = jnp.split(cell.dense_h(h), 3, axis=-1)
+    r, z = cell.gate_fn(xr + hr), cell.gate_fn(xz + hz)
+    n = cell.activation_fn(xn + r * hn)
+    return (1.0 - z) * n + z * h
+
 
 @registries.CELLS.register("lstm")
 class LSTM:
@@ -34,6 +45,15 @@ class LSTM:
       nnx.OptimizedLSTMCell(d_in, d_hidden, rngs=rngs), compute_dtype))
   carry_from_h = staticmethod(lambda h: (jnp.zeros_like(h), h))
   h_of = staticmethod(lambda carry: carry[1])
+
+  @staticmethod
+  def step(cell: nnx.OptimizedLSTMCell, carry, xi):
+    """nnx.OptimizedLSTMCell's update from xi = cell.dense_i(x) computed beforehand:
+    carry (c, h) [B, H] each, xi [B, 4H] -> (c', h'). The same arithmetic as its __call__."""
+    c, h = carry
+    i, f, g, o = jnp.split(xi + cell.dense_h(h), 4, axis=-1)
+    c = cell.gate_fn(f) * c + cell.gate_fn(i) * cell.activation_fn(g)
+    return c, cell.gate_fn(o) * cell.activation_fn(c)
 
 
 class EncoderOutput(NamedTuple):
@@ -79,7 +99,7 @@ class Encoder(nnx.Module):
       x = x + embed_offset
     x = dropout(x, cfg.dropout, keys[0])
     for layer, key in zip(self.layers, keys[1:]):
-      carry, x = layer(x, seq_lengths=src_lengths)  # x: [B, Ts, He]
+      carry, x = self.run_layer(layer, x, src_lengths)  # x: [B, Ts, He]
       x = jnp.where(mask[..., None], x, 0.0)
       if key is not None and layer is not self.layers[-1]:
         x = dropout(x, cfg.dropout, key)
@@ -88,3 +108,42 @@ class Encoder(nnx.Module):
     else:
       final = h_of(carry)
     return EncoderOutput(x, final, mask)
+
+  def run_layer(self, layer, x, lengths):
+    """One layer, as `layer(x, seq_lengths=lengths)` computes it (nnx.RNN or nnx.Bidirectional
+    of nnx.RNNs): (final carry, or the (forward, backward) pair, and outputs [B, Ts, He]).
+
+    The layers keep flax's modules, so parameters and checkpoints keep their layout, but the
+    scan is ours: each direction's input projection dense_i runs once over all [B * Ts]
+    positions before the scan, one large matmul (and one weight gradient) instead of Ts small
+    ones whose weight gradients the backward scan adds up step by step; and the backward
+    direction runs t = Ts-1..0 holding its initial carry past each length instead of flipping
+    every sequence with a gather."""
+    if isinstance(layer, nnx.Bidirectional):
+      carry_f, out_f = _scan_direction(self.cfg.rnn.cell, layer.forward_rnn.cell, x, lengths,
+                                       reverse=False)
+      carry_b, out_b = _scan_direction(self.cfg.rnn.cell, layer.backward_rnn.cell, x, lengths,
+                                       reverse=True)
+      return (carry_f, carry_b), jnp.concatenate([out_f, out_b], axis=-1)
+    return _scan_direction(self.cfg.rnn.cell, layer.cell, x, lengths, reverse=False)
+
+
+def _scan_direction(cell_name: str, cell, x, lengths, *, reverse: bool):
+  """One direction of a recurrent layer over right-padded sequences. x: [B, T, d]; lengths: [B].
+  Returns (the carry after each sequence's last step in scan order, outputs [B, T, H]: the
+  state after each position; past a length, the forward direction repeats its last state and
+  the backward one its initial zeros)."""
+  kind = registries.CELLS.get(cell_name)
+  B, T, _ = x.shape
+  xi = jnp.swapaxes(cell.dense_i(x), 0, 1)  # [T, B, gates * H]
+  carry0 = kind.carry_from_h(jnp.zeros((B, cell.hidden_features), jnp.float32))
+
+  def body(carry, inputs):
+    xi_t, t = inputs
+    new = kind.step(cell, carry, xi_t)
+    live = (t < lengths)[:, None]  # [B, 1]: positions past a length leave the carry as it was
+    carry = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, carry)
+    return carry, kind.h_of(carry)
+
+  carry, out = jax.lax.scan(body, carry0, (xi, jnp.arange(T)), reverse=reverse)
+  return carry, jnp.swapaxes(out, 0, 1)
