@@ -1,14 +1,36 @@
 """Fixtures shared by several test files."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
-# The suite's subprocesses leave the user's persistent compilation cache alone
-# (tests/test_compile_cache.py turns it on in directories of its own).
-os.environ.setdefault("ATTN_COMPILE_CACHE", "off")
+# One persistent compilation cache for the whole session, in a fresh directory removed at the
+# end: the user's own cache is left alone, and the many processes that compile the same programs
+# (the smoke runs of the launcher, reliability, docs and CLI tests, each a subprocess; the xdist
+# workers) compile each once. Most of a smoke run's wall time is compiling: ~170 s cold, ~50 s
+# warm on two busy cores. Entries are keyed on the program, so a loaded one is the one that would
+# have been compiled. The controller makes the directory before it starts the workers, which
+# inherit it; ATTN_COMPILE_CACHE set by the caller (a path, or "off") wins.
+# tests/test_compile_cache.py sets its own directories.
+_SESSION_CACHE = None
+if "ATTN_COMPILE_CACHE" not in os.environ:
+  _SESSION_CACHE = tempfile.mkdtemp(prefix="attn-test-xla-")
+  os.environ["ATTN_COMPILE_CACHE"] = _SESSION_CACHE
+  # The small programs too: in a test most programs compile in well under JAX's default second.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-from attn import training
+from attn.common import compile_cache  # pylint: disable=wrong-import-position
+
+if compile_cache.configured_dir():
+  import jax  # pylint: disable=wrong-import-position
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ:  # read by jax only at import
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+  compile_cache.enable()  # this process's own compilations (in-process training, kernels) too
+
+from attn import training  # pylint: disable=wrong-import-position
 from experiments.configs import translate as translate_config
 from experiments.configs import use_arch
 
@@ -36,3 +58,9 @@ def smoke_transformer_workdir(tmp_path_factory):
   config.data.num_buckets = 1
   training.train_and_evaluate(config, workdir)
   return workdir
+
+
+def pytest_unconfigure(config):
+  del config
+  if _SESSION_CACHE:  # only the process that made it (the controller under xdist)
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
