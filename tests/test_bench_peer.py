@@ -69,7 +69,8 @@ def test_the_commands_train_both_at_equal_steps_and_joeys_sizes(tmp_path):
   assert st["ours_rnn_train"].fresh == f"{out}/ours/rnn"  # never resumed from an old run
   assert st["ours_rnn_decode"].command == (
       "py", "-m", "experiments.bench_decode", f"--workdir={out}/ours/rnn", "--split=test",
-      "--beam_sizes=1,5", "--shrink_to=16", f"--json_out={out}/raw/ours_rnn_decode.json")
+      "--beam_sizes=1,5", "--shrink_to=16", "--stops=k_finished",
+      f"--json_out={out}/raw/ours_rnn_decode.json")
   bench = st["ours_rnn_bench"].command
   assert set(ps.JOEY_SIZES) | {"--compute_dtypes=float32,bfloat16", "--steps=7", "--rounds=3"} \
       <= set(bench)

@@ -433,3 +433,125 @@ def test_wide_top_k_is_lax_top_k(B, N, k, kind):
   want, got = jax.lax.top_k(x, k), jax.jit(_top_k_wide, static_argnums=1)(x, k)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_array_equal(got[1], want[1])
+
+
+# ----------------------------------------------------------------------------- stop rules
+
+def np_beam_k_finished(table, ex, T, K, alpha):
+  """A plain NumPy beam search of the same top-2K scheme that ends once K hypotheses have
+  finished: [(score, tokens, log P)] best first, in float32 as the search computes them.
+  Candidates tie to the lowest flat index (beam * V + token); finished ones already kept win
+  ties against new ones."""
+  f32 = np.float32
+  lp = lambda n: f32(((5.0 + n) / 6.0) ** alpha)
+  live = [(f32(0.0), [])] + [(f32(-np.inf), [])] * (K - 1)   # one real start
+  fin = []                                                   # (score, tokens, log P)
+  for t in range(T):
+    cand = [(logp + table[ex, code_of(toks) % P, y], k, y)
+            for k, (logp, toks) in enumerate(live)
+            for y in range(V)]
+    order = sorted(range(len(cand)), key=lambda i: (-cand[i][0], i))[:2 * K]
+    top = [cand[i] for i in order]
+    new = [(logp / lp(t + 1), live[k][1] + [y], logp) for logp, k, y in top[:K]
+           if y == EOS and logp > -np.inf]
+    fin = sorted(fin + new, key=lambda h: -h[0])[:K]         # stable: kept ones first
+    live_cands = sorted(range(2 * K), key=lambda i: (-(top[i][0] if top[i][2] != EOS else
+                                                       -np.inf), i))[:K]
+    live = [((top[i][0] if top[i][2] != EOS else f32(-np.inf)), live[top[i][1]][1] + [top[i][2]])
+            for i in live_cands]
+    if len(fin) == K:
+      return fin
+  cut = [(logp / lp(T), toks, logp) for logp, toks in live if logp > -np.inf]
+  return sorted(fin + cut, key=lambda h: -h[0])[:K]
+
+
+def code_of(tokens):
+  """The toy's state code after feeding BOS and then `tokens` (the step's table row)."""
+  code, y_prev = 0, BOS
+  for y in tokens:
+    code, y_prev = next_code(code, y_prev), y
+  return next_code(code, y_prev)
+
+
+@functools.partial(jax.jit, static_argnames=("T", "K", "alpha", "stop", "shrink_to",
+                                             "early_exit"))
+def run_beam_stop(table, ex, *, T, K, alpha, stop, shrink_to=0, early_exit=True):
+  return decode.beam_search(toy_step(table), toy_init(ex), ex.shape[0], T, beam_size=K,
+                            length_penalty=alpha, stop=stop, shrink_to=shrink_to,
+                            early_exit=early_exit)
+
+
+@pytest.mark.parametrize("K,alpha", [(2, 0.6), (3, 1.0), (4, 0.0)])
+def test_k_finished_matches_a_numpy_beam_search(K, alpha):
+  """stop="k_finished": each example's K best are the first K hypotheses to finish (or, if
+  fewer finish by max_len, those and the cut-off live ones), as a plain NumPy search of the
+  same scheme finds them, though its batch mates search on after it is done."""
+  T, ex = 6, np.array([0, 1, 2], np.int32)
+  cut_off = done_early = 0
+  for seed in range(8):
+    table = random_table(3000 + seed, eos_bias=seed % 3 - 1.0)
+    out = run_beam_stop(table, ex, T=T, K=K, alpha=alpha, stop="k_finished")
+    for b in range(len(ex)):
+      want = np_beam_k_finished(table, b, T, K, alpha)
+      for k, (score, tokens, logp) in enumerate(want):
+        n = len(tokens)
+        check_hypothesis(out.nbest.tokens[b, k], out.nbest.lengths[b, k],
+                         out.nbest.weights[b, k], b, tokens, T)
+        np.testing.assert_allclose(out.nbest.scores[b, k], score, rtol=1e-6)
+        np.testing.assert_allclose(out.nbest.log_probs[b, k], logp, rtol=1e-6)
+        cut_off += int(tokens[-1] != EOS)
+      assert not np.asarray(out.nbest.valid[b, len(want):]).any()
+      done_early += int(max(len(h[1]) for h in want) < T)
+  assert cut_off and done_early  # both endings were compared
+
+
+@pytest.mark.parametrize("K,alpha", [(2, 0.6), (3, 1.0)])
+def test_k_finished_is_the_same_shrunk_or_run_to_max_len(K, alpha):
+  """A done example's K best never change: letting done examples leave the batch, or running
+  all max_len steps, gives the early-exiting whole-batch result bit for bit."""
+  T, ex = 5, np.arange(12, dtype=np.int32) % 3
+  for seed in range(6):
+    table = random_table(4000 + seed, eos_bias=seed % 3 - 1.0)
+    kw = dict(T=T, K=K, alpha=alpha, stop="k_finished")
+    a = run_beam_stop(table, ex, **kw)
+    for b in (run_beam_stop(table, ex, shrink_to=3, **kw),
+              run_beam_stop(table, ex, early_exit=False, **kw)):
+      for name in ("tokens", "lengths", "valid", "weights", "scores", "log_probs"):
+        np.testing.assert_array_equal(getattr(a.nbest, name), getattr(b.nbest, name),
+                                      err_msg=f"{name}, seed {seed}")
+
+
+def test_k_finished_stops_sooner_than_the_bound():
+  """Counted steps: k_finished never runs more steps than the exact bound, and over these
+  tables it runs fewer (the bound waits until no live hypothesis can catch up)."""
+  steps = []
+
+  def counting(tb):
+    inner = toy_step(tb)
+    def step_fn(state, y_prev):
+      jax.debug.callback(lambda t: steps.append(int(t[0])), state["t"])
+      return inner(state, y_prev)
+    return step_fn
+
+  search = {stop: jax.jit(lambda tb, e, stop=stop: decode.beam_search(
+      counting(tb), toy_init(e), 2, 8, beam_size=3, length_penalty=1.0, stop=stop))
+            for stop in ("bound", "k_finished")}
+  fewer = 0
+  for seed in range(10):
+    table = random_table(5000 + seed, eos_bias=1.0)
+    n = {}
+    for stop, fn in search.items():
+      steps.clear()
+      jax.block_until_ready(fn(table, np.array([0, 1], np.int32)))
+      jax.effects_barrier()
+      n[stop] = len(steps)
+    assert n["k_finished"] <= n["bound"], (seed, n)
+    fewer += int(n["k_finished"] < n["bound"])
+  assert fewer >= 3
+
+
+def test_unknown_stop_rule_is_refused_by_name():
+  with pytest.raises(ValueError, match="stop='soon' is not a beam search stop rule; known: "
+                                       "bound, k_finished"):
+    decode.beam_search(toy_step(jnp.zeros((1, P, V))), toy_init(np.zeros((1,), np.int32)), 1, 3,
+                       beam_size=2, stop="soon")

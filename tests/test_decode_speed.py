@@ -119,14 +119,16 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
                                                                   tmp_path):
   out = tmp_path / "speed.json"
   s = decode_speed.Settings(workdir=smoke_bahdanau_workdir, beam_sizes=(1, 2),
-                            json_out=str(out), shrink_to=2)
+                            json_out=str(out), shrink_to=2, stops=("run", "k_finished"))
   record = decode_speed.run(s)
   assert json.loads(out.read_text()) == json.loads(json.dumps(record))
   with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
     results = json.load(f)
   assert results["beam_size"] == 1
   assert record["sentences"] == len(loop.load_run(smoke_bahdanau_workdir).bundle.references())
-  assert [r["beam_size"] for r in record["results"]] == [1, 2]
+  # greedy once; beam 2 with the run's stop rule (bound) and with k_finished
+  assert [(r["beam_size"], r["stop"]) for r in record["results"]] == [
+      (1, "bound"), (2, "bound"), (2, "k_finished")]
   greedy = record["results"][0]
   assert greedy["bleu"] == pytest.approx(results["bleu"])  # the run's own test decoding
   for r in record["results"]:
@@ -201,6 +203,8 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
     ("beam_sizes", (0,), "--beam_sizes must be integers >= 1"),
     ("rounds", 0, "--rounds must be >= 1"),
     ("split", "train", "--split must be test or eval"),
+    ("stops", ("bound", "soon"), "--stops=bound,soon: each must be one of run, bound, "
+                                 "k_finished"),
 ])
 def test_bench_decode_settings_refuse_bad_values(field, value, says):
   from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel

@@ -201,6 +201,8 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
     (["--set=model.rnn.emb_dim=big"],
      r"^error: flag --config\.model\.rnn\.emb_dim=big: invalid literal"),
     (["--set=train.steps=0"], r"^error: train\.steps=0 must be >= 1"),
+    (["--sweep=train.beam_stop=bound,soon"],
+     r"^error: beam_stop=soon: train\.beam_stop='soon' unknown; known: bound, k_finished"),
     # Before: these passed --dry_run and failed inside the run (a traceback in the first step
     # or at the first evaluation), or trained every word as <unk>.
     (["--set=model.rnn.pointer=True", "--set=data.shared_vocab=True",

@@ -2,14 +2,16 @@
 (entry point: experiments/bench_decode.py).
 
 Restores the run as the test decoding does (`loop.load_run`: the best checkpoint, else the
-latest, with the run's compute dtype), then per beam size decodes the whole split once untimed,
-so every batch shape is compiled, and times `rounds` further passes, round-robin over the beam
-sizes (1, 5, 1, 5, ...: load from other jobs on a shared machine hits each alike). A pass is what
+latest, with the run's compute dtype), then per beam size (and beam search stop rule, `stops`)
+decodes the whole split once untimed, so every batch shape is compiled, and times `rounds`
+further passes, round-robin over them (1, 5, 1, 5, ...: load from other jobs on a shared
+machine hits each alike). A pass is what
 the run's own decoding does on the device (`evaluation.dispatch_split`: every batch dispatched,
 then every output waited for with block_until_ready); turning ids into text is not timed.
 `compile_s` is the untimed first pass's time less the median timed pass (compilation,
 first-call warm-up, and the first pass's reading of the outputs as text, which the timed passes
-leave out). The searches are the run's (its length penalty and constraints), without
+leave out). The searches are the run's (its length penalty, constraints and stop rule unless
+`stops` names others), without
 the attention history unless `attention` is set, shrinking the batch as examples finish when
 `shrink_to` is set (the tokens are the same either way). BLEU comes from the task's own
 scoring of the decoded text, as in the run's results.json. Every figure goes with the load
@@ -28,6 +30,7 @@ import numpy as np
 from attn.benchmarks import harness
 from attn.common import files
 from attn.config.configurable import option
+from attn.decoding.beam import STOP_RULES
 from attn.errors import ConfigError, DataError
 
 
@@ -42,6 +45,10 @@ class Settings:
   shrink_to: int = option(0, "Beam search: finished examples leave the batch, halving it down "
                           "to this many rows (0 = never, as the run's own decoding). The same "
                           "outputs; each halving is one more loop to compile.")
+  stops: tuple[str, ...] = option(
+      ("run",), "Beam search stop rules to time, each with every beam size above 1: run (the "
+      "run's own train.beam_stop), bound (exact) or k_finished (once K hypotheses have "
+      "finished, as fairseq and JoeyNMT stop). Greedy has no stop rule: timed once.")
   attention: bool = option(False, "Also record each step's attention, as the run's test "
                            "decoding does for attention.npz (default: the outputs only, as the "
                            "evaluations during training decode; the same tokens).")
@@ -55,6 +62,10 @@ class Settings:
       raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
     if self.shrink_to < 0:
       raise ConfigError(f"--shrink_to must be >= 0, got {self.shrink_to}")
+    known = ("run",) + tuple(STOP_RULES)
+    if not self.stops or any(x not in known for x in self.stops):
+      raise ConfigError(f"--stops={','.join(self.stops)}: each must be one of "
+                        f"{', '.join(known)}")
     if self.split not in ("test", "eval"):
       raise ConfigError(f"--split must be test or eval, got {self.split!r}")
 
@@ -86,39 +97,46 @@ def run(s: Settings) -> dict:
   load_start = harness.loadavg()
   print(f"load average at start: {load_start} ({os.cpu_count()} CPUs)")
   run_ = load(s)
-  searches = {k: dataclasses.replace(run_.tc.search(), beam_size=k, attention=s.attention,
-                                     shrink_to=s.shrink_to) for k in s.beam_sizes}
+  base = run_.tc.search()
+  stops = list(dict.fromkeys(base.stop if x == "run" else x for x in s.stops))
+  # (beam size, stop rule) -> search; greedy once, its stop rule the run's (it has none).
+  searches = {(k, stop): dataclasses.replace(base, beam_size=k, attention=s.attention,
+                                             shrink_to=s.shrink_to, stop=stop)
+              for k in s.beam_sizes for stop in (stops if k > 1 else [base.stop])}
+  label = lambda k, stop: f"beam {k}" + (f" ({stop})" if k > 1 and len(stops) > 1 else "")
   first, bleu, words, n = {}, {}, {}, 0
-  for k, search in searches.items():
+  for key, search in searches.items():
     t0 = time.perf_counter()
     hyps = evaluation.decode_split(run_, s.split, search=search)  # compiles every shape
-    first[k] = time.perf_counter() - t0
-    bleu[k] = float(evaluation.score_outputs(run_, s.split, hyps)["bleu"])
+    first[key] = time.perf_counter() - t0
+    bleu[key] = float(evaluation.score_outputs(run_, s.split, hyps)["bleu"])
     n = len(hyps.text)
     # Seconds depend on how much text comes out: words (whitespace-separated, the decoded text)
     # let two systems emitting different lengths be compared per word.
-    words[k] = sum(len(t.split()) for t in hyps.text.values()) / max(n, 1)
-    print(f"beam {k}: first pass (compiling) {first[k]:.1f} s, BLEU {bleu[k]:.2f} "
+    words[key] = sum(len(t.split()) for t in hyps.text.values()) / max(n, 1)
+    print(f"{label(*key)}: first pass (compiling) {first[key]:.1f} s, BLEU {bleu[key]:.2f} "
           f"(load {harness.loadavg()})")
-  times = {k: [] for k in searches}
+  times = {key: [] for key in searches}
   for rnd in range(s.rounds):
-    for k, search in searches.items():
-      times[k].append(timed_pass(run_, s.split, search))
-      print(f"  round {rnd + 1} beam {k}: {times[k][-1]:.2f} s, {n / times[k][-1]:.0f} "
-            f"sentences/s (load {harness.loadavg()})")
+    for key, search in searches.items():
+      times[key].append(timed_pass(run_, s.split, search))
+      print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
+            f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
   results = []
-  for k in searches:
-    t = float(np.median(times[k]))
-    results.append({"beam_size": k, "decode_s": t, "sentences_per_s": n / t, "bleu": bleu[k],
-                    "mean_words": words[k], "words_per_s": words[k] * n / t,
-                    "compile_s": max(first[k] - t, 0.0), "decode_s_all": times[k]})
+  for (k, stop), ts in times.items():
+    t = float(np.median(ts))
+    key = (k, stop)
+    results.append({"beam_size": k, "stop": stop, "decode_s": t, "sentences_per_s": n / t,
+                    "bleu": bleu[key], "mean_words": words[key],
+                    "words_per_s": words[key] * n / t,
+                    "compile_s": max(first[key] - t, 0.0), "decode_s_all": ts})
   record = {"sentences": n, "split": s.split, "workdir": s.workdir,
             "compute_dtype": run_.tc.compute_dtype, "attention": s.attention,
             "shrink_to": s.shrink_to,
             "load": {"start": load_start, "end": harness.loadavg()},
             "machine": harness.machine(), "results": results}
   for r in results:
-    print(f"beam {r['beam_size']}: {r['decode_s']:.2f} s for {n} sentences "
+    print(f"{label(r['beam_size'], r['stop'])}: {r['decode_s']:.2f} s for {n} sentences "
           f"({r['sentences_per_s']:.0f}/s), compile {r['compile_s']:.1f} s, BLEU {r['bleu']:.2f}")
   print(f"load average at end: {record['load']['end']}")
   if s.json_out:

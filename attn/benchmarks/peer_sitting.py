@@ -7,7 +7,7 @@ Stages, in order (each a subprocess whose output goes to <out>/logs/<stage>.log)
   peer_rnn_decode        its model decodes the test split (greedy, beam 5)
   ours_rnn_bench         experiments.bench_train at JoeyNMT's sizes (float32, bfloat16)
   ours_rnn_train         experiments.translate at JoeyNMT's sizes, the same `steps`, 128 sentences
-  ours_rnn_decode        experiments.bench_decode of that run (greedy, beam 5)
+  ours_rnn_decode        experiments.bench_decode of that run (greedy, beam 5 stopping by --beam_stop)
   peer_rnn_again         JoeyNMT's RNN again, `again_steps` updates of a fresh model
   peer_rnn_decode_again  the first bracket's model decodes again
   peer_tfm, ours_tfm_bench, ours_tfm_packed_bench, peer_tfm_again
@@ -35,6 +35,7 @@ from collections.abc import Callable
 from attn.benchmarks import harness, peer_table
 from attn.common import files
 from attn.config.configurable import option
+from attn.decoding.beam import STOP_RULES
 from attn.errors import AttnError, ConfigError
 from attn.registry import Registry
 
@@ -75,6 +76,10 @@ class Settings:
   shrink_to: int = option(16, "Our beam search lets finished examples leave the batch, "
                            "halving it down to this many rows (bench_decode --shrink_to; 0 = "
                            "never). JoeyNMT's beam search drops finished examples too.")
+  beam_stop: str = option("k_finished", "Our beam search's stop rule (bench_decode --stops): "
+                          "k_finished ends an example once K hypotheses have finished, as "
+                          "JoeyNMT's ends it once its K beams have; bound is our exact rule "
+                          "(no live hypothesis can still enter the K best), more steps.")
   warmup_steps: int = option(0, "Our run's warm-up steps; 0 = the multi30k preset's share of "
                              "its steps, scaled to --steps.")
 
@@ -89,6 +94,9 @@ class Settings:
       raise ConfigError(f"--beam_sizes={','.join(map(str, self.beam_sizes))}: each must be >= 1")
     if not self.compute_dtypes:
       raise ConfigError("--compute_dtypes: name at least one")
+    if self.beam_stop not in STOP_RULES:
+      raise ConfigError(f"--beam_stop={self.beam_stop!r} unknown; known: "
+                        f"{', '.join(STOP_RULES)}")
     if not self.rnn and not self.transformer_steps:
       raise ConfigError("--rnn=False with --transformer_steps=0 leaves no bracket to run")
 
@@ -137,7 +145,7 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
       f"--workdir={run_dir}"), os.path.join(run_dir, "results.json"), fresh=run_dir)
   decode = Stage("ours_rnn_decode", "decode", (
       python, "-m", "experiments.bench_decode", f"--workdir={run_dir}", "--split=test",
-      f"--beam_sizes={beams}", f"--shrink_to={s.shrink_to}",
+      f"--beam_sizes={beams}", f"--shrink_to={s.shrink_to}", f"--stops={s.beam_stop}",
       f"--json_out={raw('ours_rnn_decode')}"), raw("ours_rnn_decode"))
   stages = [peer_train("peer_rnn", "rnn", "rnn", s.steps), peer_decode("peer_rnn_decode", "1"),
             ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
@@ -323,7 +331,9 @@ NOTES = """\
 - Target tokens count EOS and leave padding out, on both sides.
 - Decoding: JoeyNMT's seconds are its "Generation took" (the decoding loop, vocabularies, data
   and model already loaded); ours are bench_decode's timed pass after an untimed one that
-  compiles every batch shape. BLEU: sacreBLEU 13a, case-insensitive, of detokenized outputs
+  compiles every batch shape, its beam search ending an example by the stop rule in its
+  command (--stops: k_finished once K hypotheses have finished, JoeyNMT's rule of ending an
+  example once its K beams have; bound, exact). BLEU: sacreBLEU 13a, case-insensitive, of detokenized outputs
   against the raw references, on both sides; both peer brackets decode the first one's model.
 - "ours vs mean(JoeyNMT)": ours over the mean of the two peer brackets for a rate, their mean
   time over ours for seconds (both read "x as fast"), ours less their mean for BLEU."""

@@ -1,6 +1,7 @@
 """Beam search with the GNMT length and coverage penalties, as one `lax.while_loop` that stops
-once no live hypothesis can beat the worst finished one of any example (see the package docstring
-for step_fn and the outputs)."""
+once every example's search is done by its stop rule (`STOP_RULES`: by default, once no live
+hypothesis can beat the worst finished one; see the package docstring for step_fn and the
+outputs)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,44 @@ def _finished(c: _BeamCarry) -> list:
   return [c.fin_seqs, c.fin_w, c.fin_logp, c.fin_score, c.fin_len, c.fin_x]
 
 
+def _stop_at_bound(beam: "_Beam", c: _BeamCarry):
+  """[B] bool: the example's K best are final (no live hypothesis can enter them)."""
+  worst_fin = c.fin_score[:, -1]                              # [B]; -inf while a slot is empty
+  # Upper bound on any live future: log P only falls and lp(n) <= lp(T) for n <= T (alpha >= 0),
+  # so log P / lp(n) <= live_logp / lp(T). Dividing by lp(t) instead would exit too early.
+  # The coverage penalty keeps it a bound: cp <= 0 (coverage is clamped to at most 1, so each
+  # log term is <= 0), so log P / lp(n) + cp <= live_logp / lp(T) too. min_len and n-gram
+  # blocking only set log-probs to -inf, which keeps log P falling.
+  best_live = c.live_logp[:, 0] / beam.lp_max
+  return worst_fin > best_live
+
+
+def _stop_at_k_finished(beam: "_Beam", c: _BeamCarry):
+  """[B] bool: K hypotheses of the example have finished (ended in EOS)."""
+  del beam
+  return c.fin_score[:, -1] > NEG_INF
+
+
+# When an example's search is done: its K finished hypotheses, ranked by score, are then its
+# result, and nothing after that step changes them (it may leave a shrinking batch).
+STOP_RULES = {
+    # Exact: the K best under the score are final, so stopping changes nothing (the result of
+    # running all max_len steps).
+    "bound": _stop_at_bound,
+    # K hypotheses have finished, whatever the live ones might still reach: the rule of
+    # fairseq's beam search, of JoeyNMT's (an example ends once its K beams have ended), and of
+    # Hugging Face's early_stopping=True. Fewer steps; a live hypothesis that would have
+    # finished later with a better score is lost.
+    "k_finished": _stop_at_k_finished,
+}
+
+
+def check_stop(stop: str) -> None:
+  if stop not in STOP_RULES:
+    raise ValueError(f"stop={stop!r} is not a beam search stop rule; known: "
+                     f"{', '.join(STOP_RULES)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Beam:
   """One beam search: its static sizes and settings, and the pieces of its loop.
@@ -82,6 +121,7 @@ class _Beam:
   B, K, T: batch, beam and output sizes; V, Ts: step_fn's vocabulary and source widths. alpha,
   beta: the GNMT length and coverage penalties; src_len: [B, 1] |X| per example (broadcast over
   the beams; None when beta = 0). lp_max: lp(T), the largest length penalty a hypothesis can get.
+  stop: the name of the rule (`STOP_RULES`) that says when an example's search is done.
   """
   step_fn: StepFn
   B: int
@@ -97,6 +137,7 @@ class _Beam:
   ngram: int
   eos_id: int
   early_exit: bool
+  stop: str = "bound"
 
   def lp(self, n):
     return gnmt_length_penalty(n, self.alpha)
@@ -110,15 +151,9 @@ class _Beam:
     return score
 
   def done(self, c: _BeamCarry):
-    """[B] bool: the example's K best are final (no live hypothesis can enter them)."""
-    worst_fin = c.fin_score[:, -1]                              # [B]; -inf while a slot is empty
-    # Upper bound on any live future: log P only falls and lp(n) <= lp(T) for n <= T (alpha >= 0),
-    # so log P / lp(n) <= live_logp / lp(T). Dividing by lp(t) instead would exit too early.
-    # The coverage penalty keeps it a bound: cp <= 0 (coverage is clamped to at most 1, so each
-    # log term is <= 0), so log P / lp(n) + cp <= live_logp / lp(T) too. min_len and n-gram
-    # blocking only set log-probs to -inf, which keeps log P falling.
-    best_live = c.live_logp[:, 0] / self.lp_max
-    return worst_fin > best_live
+    """[B] bool: the example's search is done by the stop rule; its K finished hypotheses no
+    longer change."""
+    return STOP_RULES[self.stop](self, c)
 
   def cond(self, c: _BeamCarry):
     if not self.early_exit:
@@ -189,7 +224,11 @@ class _Beam:
     copying)."""
     B, K = self.B, self.K
     first_k = jnp.broadcast_to(jnp.arange(K), (B, K))
-    finishing = is_eos[:, :K] & (top_logp[:, :K] > NEG_INF)
+    # A done example's rows may still be computed (the rest of its batch searches on), but its
+    # finished list is its result: nothing joins it any more. Under the exact bound nothing
+    # could; under k_finished a later, better hypothesis would.
+    finishing = (is_eos[:, :K] & (top_logp[:, :K] > NEG_INF)
+                 & ~self.done(c)[:, None])
     new_seqs, new_hist, new_x = extend(first_k)
     new_score = jnp.where(finishing, self.rank(top_logp[:, :K], self.lp(c.t + 1), new_hist),
                           NEG_INF)                             # [B, K]
@@ -216,9 +255,9 @@ class _Beam:
   def result(self, c: _BeamCarry, extra_names) -> DecodeOutput:
     """The best hypothesis and the K-best list of the final carry."""
     B, K, T = self.B, self.K, self.T
-    # Hypotheses still live at max_len are complete candidates (cut off, length T). After an
-    # early exit they cannot enter the K best, so they are left out.
-    live_score = jnp.where((c.t == T) & (c.live_logp > NEG_INF),
+    # Hypotheses still live at max_len are complete candidates (cut off, length T), except those
+    # of an example whose search was done before (after an early exit, every example's).
+    live_score = jnp.where((c.t == T) & (c.live_logp > NEG_INF) & ~self.done(c)[:, None],
                            self.rank(c.live_logp, self.lp_max, c.live_w), NEG_INF)
     all_score = jnp.concatenate([c.fin_score, live_score], 1)
     tokens, weights, log_probs, scores, lengths, extras = _top_k(all_score, _concat(
@@ -315,7 +354,8 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
                 eos_id: int = EOS_ID, pad_id: int = PAD_ID, early_exit: bool = True,
                 min_len: int = 0, block_repeat_ngram: int = 0, coverage_penalty: float = 0.0,
                 source_lengths: jax.Array | None = None,
-                keep_weights: bool = True, shrink_to: int = 0) -> DecodeOutput:
+                keep_weights: bool = True, shrink_to: int = 0,
+                stop: str = Search.stop) -> DecodeOutput:
   """Beam search with the GNMT length penalty; returns the best hypothesis and the K-best list.
 
   The standard top-2K scheme (as in Flax's wmt/decode.py and T5X): at step t each of the K live
@@ -328,14 +368,20 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
     ones, so there are always K); their state, tokens, attention and extras histories are
     gathered from their parent beam, so `weights` and `extras` always belong to the hypothesis
     they are returned with.
-  At max_len the live hypotheses join the finished ones as cut-off candidates of length T.
-  The loop exits early once, for every example, K hypotheses are finished and the best live
-  one cannot beat the worst of them even in the best case (log P only falls as a hypothesis
-  grows; lp is largest at T since alpha >= 0; cp <= 0).
+  At max_len the live hypotheses of an example still searching join its finished ones as
+  cut-off candidates of length T.
 
-  early_exit: stop at that bound (the default); False runs all max_len steps. Both give the same
-  result: the bound divides by lp(T), the largest penalty any continuation can get, never by the
-  current length's lp(t), which would understate what a live hypothesis can still reach.
+  stop: when an example's search is done (`STOP_RULES`); from then on its K finished
+  hypotheses are its result. "bound" (the default, exact): K hypotheses are finished and the
+  best live one cannot beat the worst of them even in the best case (log P only falls as a
+  hypothesis grows; lp is largest at T since alpha >= 0; cp <= 0), so the result is that of
+  all max_len steps. "k_finished": K hypotheses are finished (fairseq's and JoeyNMT's rule),
+  fewer steps for a result that may miss a better hypothesis finishing later.
+
+  early_exit: the loop exits once every example is done (the default); False runs all max_len
+  steps, with the same result. The bound divides by lp(T), the largest penalty any
+  continuation can get, never by the current length's lp(t), which would understate what a
+  live hypothesis can still reach.
 
   length_penalty: the GNMT alpha (0 disables it). Returns DecodeOutput for the best hypothesis
   (scores = its sum of log-probs) with `nbest` holding all K, sorted by penalized score.
@@ -354,7 +400,7 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   every step (for callers that only read the outputs; the coverage penalty needs the history).
 
   shrink_to: 0 computes every example's K rows at every step until the whole batch is done.
-  n > 0 lets finished examples (those whose K best can no longer change) leave: once at most
+  n > 0 lets done examples (those whose K best no longer change) leave: once at most
   half of the examples are still searching, the loop carries on over half the rows, and so on
   down to n rows. The result is the same; a batch whose examples finish at different steps
   costs less (each halving compiles one more loop body). It needs a step_fn that keeps every
@@ -369,6 +415,7 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
     raise ValueError(f"length_penalty alpha must be >= 0, got {alpha}")
   if shrink_to < 0:
     raise ValueError(f"shrink_to must be >= 0, got {shrink_to}")
+  check_stop(stop)
   beta = float(coverage_penalty)
   if beta < 0:
     raise ValueError(f"coverage_penalty beta must be >= 0, got {beta}")
@@ -379,7 +426,7 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   Ts = Ts if keep_weights else 0
   beam = _Beam(step_fn, batch_size, beam_size, max_len, V, Ts, alpha, beta, src_len,
                gnmt_length_penalty(max_len, alpha), min_len, block_repeat_ngram, eos_id,
-               early_exit)
+               early_exit, stop)
   c = beam.start(init_state, bos_id, pad_id, extra_names)
   sizes = _row_counts(batch_size, shrink_to)
   if len(sizes) > 1:

@@ -14,7 +14,9 @@ class Search:
   for decoding whose attention nobody reads, such as the evaluations during training);
   shrink_to: beam search only, finished examples leave the batch, which halves down to this
   many rows (0: never; the same outputs, less work per pass, one more loop to compile per
-  halving: see `beam_search`)."""
+  halving: see `beam_search`); stop: when beam search ends an example's search, "bound"
+  (exact: no live hypothesis can still enter its K best) or "k_finished" (once K hypotheses
+  have finished, as fairseq and JoeyNMT do: fewer steps, not exact)."""
   beam_size: int = 1
   length_penalty: float = 0.6
   min_len: int = 0
@@ -22,6 +24,7 @@ class Search:
   coverage_penalty: float = 0.0
   attention: bool = True
   shrink_to: int = 0
+  stop: str = "bound"
 
   def greedy(self) -> "Search":
     return dataclasses.replace(self, beam_size=1)

@@ -11,6 +11,7 @@ import optax
 from attn.config import configurable
 from attn.config.configurable import option
 from attn.decoding import Search
+from attn.decoding.beam import STOP_RULES
 from attn.errors import ConfigError
 from attn.precision import COMPUTE_DTYPES
 from attn.training import distributed
@@ -50,6 +51,10 @@ class TrainConfig:
   beam_size: int = option(1, "test decoding beam; 1 = greedy")
   length_penalty: float = option(Search.length_penalty,
                                  "beam search length penalty alpha (GNMT)")
+  beam_stop: str = option(
+      Search.stop, "when beam search ends an example's search: bound (exact: no live "
+      "hypothesis can still enter its beam_size best) or k_finished (once beam_size hypotheses "
+      "have finished, as fairseq and JoeyNMT stop: fewer steps, not exact)")
   max_decode_ratio: float = option(1.5, "decode at most ratio * Ts + 10 tokens")
   max_decode_len: int = option(0, "and at most this many tokens (0 = no further cap)")
   min_decode_len: int = option(0, "no EOS before this many output tokens, EOS counted")
@@ -114,6 +119,8 @@ class TrainConfig:
     for name in ("max_decode_len", "min_decode_len", "block_repeat_ngram"):
       check(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
     check(self.coverage_penalty >= 0, f"coverage_penalty={self.coverage_penalty} must be >= 0")
+    check(self.beam_stop in STOP_RULES,
+          f"beam_stop={self.beam_stop!r} unknown; known: {', '.join(STOP_RULES)}")
     check(not self.max_decode_len or self.min_decode_len <= self.max_decode_len,
           f"min_decode_len={self.min_decode_len} is over max_decode_len={self.max_decode_len}")
     check(self.compute_dtype in COMPUTE_DTYPES,
@@ -129,7 +136,7 @@ class TrainConfig:
     """The test decoding's search settings."""
     return Search(beam_size=self.beam_size, length_penalty=self.length_penalty,
                   min_len=self.min_decode_len, block_repeat_ngram=self.block_repeat_ngram,
-                  coverage_penalty=self.coverage_penalty)
+                  coverage_penalty=self.coverage_penalty, stop=self.beam_stop)
 
   def max_output_len(self, src_width: int) -> int:
     """The most tokens decoded for sources of width `src_width`."""

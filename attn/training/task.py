@@ -162,7 +162,7 @@ class TranslationTask(Task):
     return decoding.beam_search(
         model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
         length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
-        source_lengths=batch["src_lengths"], shrink_to=search.shrink_to,
+        source_lengths=batch["src_lengths"], shrink_to=search.shrink_to, stop=search.stop,
         **common)
 
   def attention(self, model, batch):
