@@ -555,3 +555,32 @@ def test_unknown_stop_rule_is_refused_by_name():
                                        "bound, k_finished"):
     decode.beam_search(toy_step(jnp.zeros((1, P, V))), toy_init(np.zeros((1,), np.int32)), 1, 3,
                        beam_size=2, stop="soon")
+
+
+@functools.partial(jax.jit, static_argnames=("T", "min_len", "ngram", "shrink_to"))
+def run_greedy_shrink(table, ex, *, T, min_len, ngram, shrink_to):
+  return decode.greedy_decode(toy_step(table), toy_init(ex), ex.shape[0], T, min_len=min_len,
+                              block_repeat_ngram=ngram, shrink_to=shrink_to)
+
+
+@pytest.mark.parametrize("min_len,ngram", [(0, 0), (2, 2)])
+def test_greedy_shrinking_is_greedy(min_len, ngram):
+  """Greedy with shrink_to runs as a one-beam search that lets finished rows leave: the same
+  tokens, lengths, weights and scores as the plain greedy loop, rows cut off at max_len
+  included."""
+  T, ex = 6, np.arange(12, dtype=np.int32) % 3
+  cut_off = finished_early = 0
+  for seed in range(8):
+    table = random_table(6000 + seed, eos_bias=seed % 4 - 1.5)
+    kw = dict(T=T, min_len=min_len, ngram=ngram)
+    a = run_greedy_shrink(table, ex, shrink_to=0, **kw)
+    b = run_greedy_shrink(table, ex, shrink_to=3, **kw)
+    assert b.nbest is None
+    for name in ("tokens", "lengths", "weights"):
+      np.testing.assert_array_equal(getattr(a, name), getattr(b, name),
+                                    err_msg=f"{name}, seed {seed}")
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6, err_msg=f"seed {seed}")
+    lengths = np.asarray(a.lengths)
+    cut_off += int((lengths == T).any())
+    finished_early += int((lengths < T).any())
+  assert cut_off and finished_early

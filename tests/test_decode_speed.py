@@ -115,6 +115,27 @@ def test_a_real_model_decodes_the_same_tokens_on_the_fast_path(smoke_bahdanau_wo
   np.testing.assert_array_equal(fast.weights, ref.weights)
 
 
+def test_a_real_model_decodes_greedily_the_same_with_a_shrinking_batch(smoke_bahdanau_workdir):
+  """Greedy with finished rows leaving the batch (shrink_to, run as a one-beam search) gives
+  the trained RNN's greedy tokens, lengths, attention and scores."""
+  run = loop.load_run(smoke_bahdanau_workdir)
+  graphdef, params = evaluation.params_view(run)
+  batch = evaluation.decode_inputs(next(run.bundle.batches("test")))
+  B = batch["src"].shape[0]
+
+  @functools.partial(jax.jit, static_argnames=("shrink",))
+  def greedy(params, src, src_lengths, *, shrink):
+    model = nnx.merge(graphdef, params)
+    init = model.initial_decode_state(src, src_lengths, max_len=12)
+    return decode.greedy_decode(model.step_fn(), init, B, 12, shrink_to=shrink)
+
+  args = (params, batch["src"], batch["src_lengths"])
+  plain, shrunk = greedy(*args, shrink=0), greedy(*args, shrink=B // 4)
+  for name in ("tokens", "lengths", "weights"):
+    np.testing.assert_array_equal(getattr(shrunk, name), getattr(plain, name), err_msg=name)
+  np.testing.assert_allclose(shrunk.scores, plain.scores, rtol=1e-5, atol=1e-5)
+
+
 def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdanau_workdir,
                                                                   tmp_path):
   out = tmp_path / "speed.json"

@@ -42,7 +42,7 @@ class Settings:
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes to time (1 = greedy).")
   rounds: int = option(1, "Timed passes over the split per beam size, round-robin.")
   json_out: str = option("", "Where to write the figures as JSON (none when empty).")
-  shrink_to: int = option(0, "Beam search: finished examples leave the batch, halving it down "
+  shrink_to: int = option(0, "Finished examples leave the batch, halving it down "
                           "to this many rows (0 = never, as the run's own decoding). The same "
                           "outputs; each halving is one more loop to compile.")
   stops: tuple[str, ...] = option(

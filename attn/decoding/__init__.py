@@ -68,15 +68,16 @@ model that passes its encoder memory through the state untouched therefore pays 
 the tokens and scores are the same, and beam search no longer copies a [B, K, T, Ts] history at
 every step.
 
-`shrink_to=n` (beam search) lets examples whose K best are final leave the batch: once at most
+`shrink_to=n` (both searches; greedy then runs as beam search with one beam and no length
+penalty, which gives the same outputs) lets examples that are done leave the batch: once at most
 half of them are still searching, the loop carries on over half the rows, down to n rows. The
 outputs are the same; a batch of mixed output lengths costs less per pass, and each halving is
 one more loop body to compile (worth it when a split is decoded more than once or is long).
 
 Loops: both use `lax.while_loop`, not `lax.scan` over T. Decoding needs no gradient (the one thing
 scan would add), and the while loop stops as soon as the whole batch is done: greedy when every
-row has emitted EOS, beam search when no live hypothesis can beat the worst finished one of any
-example. With T set generously (e.g. 2 x source length + 10) most batches finish well before T.
+row has emitted EOS, beam search when every example is done by its stop rule (by default, when
+no live hypothesis can beat the worst finished one). With T set generously (e.g. 2 x source length + 10) most batches finish well before T.
 Outputs are written into preallocated [.., T, ..] buffers, so all shapes stay static.
 
 Modules: step.py (the step_fn contract's checks, DecodeOutput, NBest), greedy.py, beam.py,

@@ -41,7 +41,7 @@ def first_argmax(x):
 def greedy_decode(step_fn: StepFn, init_state, batch_size: int, max_len: int, *,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
                   min_len: int = 0, block_repeat_ngram: int = 0,
-                  keep_weights: bool = True) -> DecodeOutput:
+                  keep_weights: bool = True, shrink_to: int = 0) -> DecodeOutput:
   """Argmax decoding: y_t = argmax_y log p(y | y_<t), until EOS or max_len tokens.
 
   Rows that are done keep being fed to step_fn (the batch is fixed-size) with PAD as y_prev; their
@@ -60,7 +60,19 @@ def greedy_decode(step_fn: StepFn, init_state, batch_size: int, max_len: int, *,
   (beam_search with beam_size=1 does apply it when ranking its finished hypotheses).
 
   keep_weights: False records no attention (weights [B, T, 0]; the same tokens and scores).
+
+  shrink_to: n > 0 lets rows that have emitted EOS leave the batch, which halves down to n rows
+  (as beam_search's shrink_to). Greedy is beam search with one beam and no length penalty (the
+  same tokens, ties, constraints, weights and scores), so it runs as that search, which knows
+  how to shrink its batch; each halving is one more loop to compile.
   """
+  if shrink_to:
+    from attn.decoding.beam import beam_search  # pylint: disable=import-outside-toplevel
+    out = beam_search(step_fn, init_state, batch_size, max_len, beam_size=1, length_penalty=0.0,
+                      bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_len=min_len,
+                      block_repeat_ngram=block_repeat_ngram, keep_weights=keep_weights,
+                      shrink_to=shrink_to)
+    return out._replace(nbest=None)
   check_sizes(batch_size, max_len)
   check_room(step_fn, init_state, max_len)
   check_constraints(max_len, min_len, block_repeat_ngram)

@@ -12,8 +12,8 @@ class Search:
   n-gram blocking (3 = no repeated trigram); coverage_penalty: GNMT beta (beam search only);
   attention: record each output step's attention (False: the same outputs, weights [B, T, 0],
   for decoding whose attention nobody reads, such as the evaluations during training);
-  shrink_to: beam search only, finished examples leave the batch, which halves down to this
-  many rows (0: never; the same outputs, less work per pass, one more loop to compile per
+  shrink_to: finished examples leave the batch (greedy and beam search), which halves down to
+  this many rows (0: never; the same outputs, less work per pass, one more loop to compile per
   halving: see `beam_search`); stop: when beam search ends an example's search, "bound"
   (exact: no live hypothesis can still enter its K best) or "k_finished" (once K hypotheses
   have finished, as fairseq and JoeyNMT do: fewer steps, not exact)."""

@@ -156,14 +156,13 @@ class TranslationTask(Task):
     init = model.initial_decode_state(src, batch["src_lengths"], batch.get("src_ext"),
                                       max_len=max_len)
     common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram,
-                  keep_weights=search.attention)
+                  keep_weights=search.attention, shrink_to=search.shrink_to)
     if search.beam_size == 1:
       return decoding.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
     return decoding.beam_search(
         model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
         length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
-        source_lengths=batch["src_lengths"], shrink_to=search.shrink_to, stop=search.stop,
-        **common)
+        source_lengths=batch["src_lengths"], stop=search.stop, **common)
 
   def attention(self, model, batch):
     return model.attention(batch)[1]
