@@ -34,6 +34,16 @@ def toy_init(ex):
   return {"ex": ex, "code": zeros, "t": zeros}
 
 
+def counting_step(table, calls):
+  """toy_step(table) that appends the step index t of every call to `calls` (a host callback;
+  read after jax.effects_barrier())."""
+  inner = toy_step(table)
+  def step_fn(state, y_prev):
+    jax.debug.callback(lambda t: calls.append(int(t[0])), state["t"])
+    return inner(state, y_prev)
+  return step_fn
+
+
 def toy_step(table):
   """step_fn over a [E, P, V] log-prob table (a traced argument, not a closed-over constant)."""
   def step_fn(state, y_prev):
@@ -268,21 +278,14 @@ def test_loops_exit_early_once_every_example_is_done():
   table = random_table(5)
   table[..., EOS] = np.log(0.9)
   calls = []
-
-  def counting_step(table):
-    inner = toy_step(table)
-    def step_fn(state, y_prev):
-      jax.debug.callback(lambda t: calls.append(int(t[0])), state["t"])
-      return inner(state, y_prev)
-    return step_fn
-
   ex = np.array([0, 1], np.int32)
-  greedy = jax.jit(lambda tb, e: decode.greedy_decode(counting_step(tb), toy_init(e), 2, 8))
+  greedy = jax.jit(lambda tb, e: decode.greedy_decode(counting_step(tb, calls), toy_init(e), 2,
+                                                      8))
   out = greedy(table, ex)
   jax.effects_barrier()
   assert list(np.asarray(out.lengths)) == [1, 1] and calls == [0]
   calls.clear()
-  beam = jax.jit(lambda tb, e: decode.beam_search(counting_step(tb), toy_init(e), 2, 8,
+  beam = jax.jit(lambda tb, e: decode.beam_search(counting_step(tb, calls), toy_init(e), 2, 8,
                                                   beam_size=2, length_penalty=0.0))
   out = beam(table, ex)
   jax.effects_barrier()
@@ -525,16 +528,8 @@ def test_k_finished_stops_sooner_than_the_bound():
   """Counted steps: k_finished never runs more steps than the exact bound, and over these
   tables it runs fewer (the bound waits until no live hypothesis can catch up)."""
   steps = []
-
-  def counting(tb):
-    inner = toy_step(tb)
-    def step_fn(state, y_prev):
-      jax.debug.callback(lambda t: steps.append(int(t[0])), state["t"])
-      return inner(state, y_prev)
-    return step_fn
-
   search = {stop: jax.jit(lambda tb, e, stop=stop: decode.beam_search(
-      counting(tb), toy_init(e), 2, 8, beam_size=3, length_penalty=1.0, stop=stop))
+      counting_step(tb, steps), toy_init(e), 2, 8, beam_size=3, length_penalty=1.0, stop=stop))
             for stop in ("bound", "k_finished")}
   fewer = 0
   for seed in range(10):

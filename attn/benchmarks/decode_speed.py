@@ -5,15 +5,14 @@ Restores the run as the test decoding does (`loop.load_run`: the best checkpoint
 latest, with the run's compute dtype), then per beam size (and beam search stop rule, `stops`)
 decodes the whole split once untimed, so every batch shape is compiled, and times `rounds`
 further passes, round-robin over them (1, 5, 1, 5, ...: load from other jobs on a shared
-machine hits each alike). A pass is what
-the run's own decoding does on the device (`evaluation.dispatch_split`: every batch dispatched,
-then every output waited for with block_until_ready); turning ids into text is not timed.
+machine hits each alike). A pass is what the run's own decoding does on the device
+(`evaluation.dispatch_split`: every batch dispatched, then every output waited for with
+block_until_ready); turning ids into text is not timed.
 `compile_s` is the untimed first pass's time less the median timed pass (compilation,
 first-call warm-up, and the first pass's reading of the outputs as text, which the timed passes
 leave out). The searches are the run's (its length penalty, constraints and stop rule unless
-`stops` names others), without
-the attention history unless `attention` is set, shrinking the batch as examples finish when
-`shrink_to` is set (the tokens are the same either way). BLEU comes from the task's own
+`stops` names others), without the attention history unless `attention` is set, shrinking the
+batch as examples finish when `shrink_to` is set (the tokens are the same either way). BLEU comes from the task's own
 scoring of the decoded text, as in the run's results.json. Every figure goes with the load
 average.
 """
@@ -123,10 +122,9 @@ def run(s: Settings) -> dict:
       print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
             f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
   results = []
-  for (k, stop), ts in times.items():
+  for key, ts in times.items():
     t = float(np.median(ts))
-    key = (k, stop)
-    results.append({"beam_size": k, "stop": stop, "decode_s": t, "sentences_per_s": n / t,
+    results.append({"beam_size": key[0], "stop": key[1], "decode_s": t, "sentences_per_s": n / t,
                     "bleu": bleu[key], "mean_words": words[key],
                     "words_per_s": words[key] * n / t,
                     "compile_s": max(first[key] - t, 0.0), "decode_s_all": ts})

@@ -333,8 +333,9 @@ NOTES = """\
   and model already loaded); ours are bench_decode's timed pass after an untimed one that
   compiles every batch shape, its beam search ending an example by the stop rule in its
   command (--stops: k_finished once K hypotheses have finished, JoeyNMT's rule of ending an
-  example once its K beams have; bound, exact). BLEU: sacreBLEU 13a, case-insensitive, of detokenized outputs
-  against the raw references, on both sides; both peer brackets decode the first one's model.
+  example once its K beams have; bound, exact). BLEU: sacreBLEU 13a, case-insensitive, of
+  detokenized outputs against the raw references, on both sides; both peer brackets decode the
+  first one's model.
 - "ours vs mean(JoeyNMT)": ours over the mean of the two peer brackets for a rate, their mean
   time over ours for seconds (both read "x as fast"), ours less their mean for BLEU."""
 

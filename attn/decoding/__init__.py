@@ -77,7 +77,8 @@ one more loop body to compile (worth it when a split is decoded more than once o
 Loops: both use `lax.while_loop`, not `lax.scan` over T. Decoding needs no gradient (the one thing
 scan would add), and the while loop stops as soon as the whole batch is done: greedy when every
 row has emitted EOS, beam search when every example is done by its stop rule (by default, when
-no live hypothesis can beat the worst finished one). With T set generously (e.g. 2 x source length + 10) most batches finish well before T.
+no live hypothesis can beat the worst finished one). With T set generously (e.g. 2 x source
+length + 10) most batches finish well before T.
 Outputs are written into preallocated [.., T, ..] buffers, so all shapes stay static.
 
 Modules: step.py (the step_fn contract's checks, DecodeOutput, NBest), greedy.py, beam.py,

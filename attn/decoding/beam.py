@@ -137,7 +137,7 @@ class _Beam:
   ngram: int
   eos_id: int
   early_exit: bool
-  stop: str = "bound"
+  stop: str
 
   def lp(self, n):
     return gnmt_length_penalty(n, self.alpha)
@@ -371,17 +371,11 @@ def beam_search(step_fn: StepFn, init_state, batch_size: int, max_len: int, *, b
   At max_len the live hypotheses of an example still searching join its finished ones as
   cut-off candidates of length T.
 
-  stop: when an example's search is done (`STOP_RULES`); from then on its K finished
-  hypotheses are its result. "bound" (the default, exact): K hypotheses are finished and the
-  best live one cannot beat the worst of them even in the best case (log P only falls as a
-  hypothesis grows; lp is largest at T since alpha >= 0; cp <= 0), so the result is that of
-  all max_len steps. "k_finished": K hypotheses are finished (fairseq's and JoeyNMT's rule),
-  fewer steps for a result that may miss a better hypothesis finishing later.
-
-  early_exit: the loop exits once every example is done (the default); False runs all max_len
-  steps, with the same result. The bound divides by lp(T), the largest penalty any
-  continuation can get, never by the current length's lp(t), which would understate what a
-  live hypothesis can still reach.
+  stop: when an example's search is done and its K finished hypotheses become its result
+  (`STOP_RULES`): "bound" (the default, exact: no live hypothesis can still enter them, so the
+  result is that of all max_len steps) or "k_finished" (K have finished: fairseq's and
+  JoeyNMT's rule, fewer steps). early_exit: the loop exits once every example is done (the
+  default); False runs all max_len steps, with the same result.
 
   length_penalty: the GNMT alpha (0 disables it). Returns DecodeOutput for the best hypothesis
   (scores = its sum of log-probs) with `nbest` holding all K, sorted by penalized score.
