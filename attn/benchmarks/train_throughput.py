@@ -53,12 +53,17 @@ def matmul_ceiling(n: int, dtype_name: str) -> float:
 
 def with_compute_dtype(run, compute_dtype: str):
   """The run with a fresh model (same seed: same float32 parameters) whose matmuls run in
-  `compute_dtype`, and its optimizer."""
+  `compute_dtype`, and its optimizer; its state placed as the run's is (its shardings), so that
+  the state the step returns matches the one it was first compiled for: an unplaced state
+  compiles every shape a second time at its second step."""
+  from attn.training import distributed  # pylint: disable=import-outside-toplevel
   from attn.training.config import make_optimizer  # pylint: disable=import-outside-toplevel
   tc = run.tc.replace(compute_dtype=compute_dtype)
   model = run.task.build_model(run.mc, seed=tc.seed, compute_dtype=compute_dtype)
   optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
+  if run.shardings is not None:
+    state = distributed.place(state, run.shardings)
   return dataclasses.replace(run, tc=tc, model=model, optimizer=optimizer, graphdef=graphdef,
                              state=state)
 
