@@ -5,8 +5,10 @@ Compiles the train step of every compute dtype for every bucket shape first (so 
 is timed) and runs the batches once untimed, then times the same `steps` real training batches
 one by one (block_until_ready, through attn.benchmarks.harness), round-robin: float32,
 bfloat16, float32, bfloat16, ... (`rounds`), so that load from other jobs on a shared machine
-hits every dtype alike. The bare-matmul ceiling (n x n operands of the dtype, float32
-accumulation) is measured before the first and after the last round. Reports per dtype: the
+hits every dtype alike. `xla_options` adds, per dtype, the same step compiled with other XLA
+options (e.g. XLA:CPU's library fusions), timed in the same rounds beside XLA's defaults. The
+bare-matmul ceiling (n x n operands of the dtype, float32 accumulation) is measured before the
+first and after the last round. Reports per dtype (and option set): the
 median step time, target tokens/s (EOS included, padding excluded, as the training log counts
 them), and the achieved matmul rate from the analytic FLOP count of the step
 (`attn.models.cost.train_step_flops`, checked against the dot_generals of the traced step, also
@@ -19,6 +21,7 @@ random batches padded to their longest. Every figure goes with the load average.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -38,10 +41,12 @@ from attn.config.configurable import option
 class Settings:
   """The benchmark's settings (experiments/bench_train.py's flags besides --config)."""
   steps: int = option(30, "Timed training steps per dtype and round.")
-  rounds: int = option(2, "Round-robin rounds over the compute dtypes.")
+  rounds: int = option(2, "Round-robin rounds over the compute dtypes (and XLA option sets).")
   compute_dtypes: tuple[str, ...] = option((), "Compute dtypes to compare (float32,bfloat16); "
                                            "default: the config's train.compute_dtype.")
   ceiling_sizes: tuple[int, ...] = option((1024, 2048), "n of the n x n bare-matmul ceiling.")
+  xla_options: str = option("", "XLA compile option sets timed beside XLA's defaults, for every "
+                            "dtype, as JSON: {\"name\": {\"xla_option\": value, ...}, ...}.")
   workdir: str = option("workdirs/bench_train", "Vocabulary and data cache.")
 
 
@@ -68,6 +73,25 @@ def with_compute_dtype(run, compute_dtype: str):
                              state=state)
 
 
+def xla_option_sets(text: str) -> dict[str, dict]:
+  """The option sets of `Settings.xla_options` ("" = none), each checked by compiling a trivial
+  function with it, so that a misspelt option fails before the model is set up."""
+  if not text.strip():
+    return {}
+  try:
+    sets = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--xla_options is not JSON ({e}): {text!r}") from e
+  if not isinstance(sets, dict) or not all(isinstance(o, dict) for o in sets.values()):
+    raise ValueError(f"--xla_options must map names to option dicts, got {text!r}")
+  for name, opts in sets.items():
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=opts)(1.0)
+    except Exception as e:  # pylint: disable=broad-except  # XLA raises its own runtime error
+      raise ValueError(f"--xla_options {name!r}: {e}") from e
+  return sets
+
+
 def batch_shape(batch) -> tuple:
   return batch["src"].shape + batch["tgt"].shape  # (B, Ts, B, Tt)
 
@@ -92,29 +116,32 @@ def compiled_batches(base, runs, steps, n: int):
 
 
 def time_rounds(runs, steps, batches, s: Settings):
-  """Seconds of every timed step per dtype, and the ceiling (GFLOP/s) per dtype and size, each
-  measured before the first and after the last round."""
-  dtypes, key = list(runs), jax.random.PRNGKey(0)
-  ceilings = {d: {n: [] for n in s.ceiling_sizes} for d in dtypes}
+  """Seconds of every timed step per run (a dtype, or a dtype and XLA option set), and the
+  ceiling (GFLOP/s) per run's dtype and size, each measured before the first and after the
+  last round."""
+  labels, key = list(runs), jax.random.PRNGKey(0)
+  dtypes = list(dict.fromkeys(r.tc.compute_dtype for r in runs.values()))
+  per_dtype = {d: {n: [] for n in s.ceiling_sizes} for d in dtypes}
+  ceilings = {lb: per_dtype[r.tc.compute_dtype] for lb, r in runs.items()}
 
   def measure_ceiling():
     for d in dtypes:
       for n in s.ceiling_sizes:
-        ceilings[d][n].append(matmul_ceiling(n, d))
-    print("  ceiling: " + "; ".join(f"{d} " + ", ".join(f"{n}^2 {ceilings[d][n][-1]:.0f}"
+        per_dtype[d][n].append(matmul_ceiling(n, d))
+    print("  ceiling: " + "; ".join(f"{d} " + ", ".join(f"{n}^2 {per_dtype[d][n][-1]:.0f}"
                                                           for n in s.ceiling_sizes)
                                     for d in dtypes) + f" GFLOP/s (load {harness.loadavg()})")
 
-  times, states = {d: [] for d in dtypes}, {d: r.state for d, r in runs.items()}
-  # One untimed pass over the batches per dtype: the first steps after compiling run several
-  # times slower (buffers and thread pools warming up), whichever dtype goes first.
-  for d in dtypes:
+  times, states = {lb: [] for lb in labels}, {lb: r.state for lb, r in runs.items()}
+  # One untimed pass over the batches per run: the first steps after compiling run several
+  # times slower (buffers and thread pools warming up), whichever run goes first.
+  for d in labels:
     for i, b in enumerate(batches):
       states[d], _ = harness.timed_call(steps[d], states[d], b, jax.random.fold_in(key, i))[0]
   measure_ceiling()
   toks = sum(float(b["tgt_lengths"].sum()) for b in batches)
   for rnd in range(s.rounds):
-    for d in dtypes:
+    for d in labels:
       for i, b in enumerate(batches):
         (states[d], _), t = harness.timed_call(steps[d], states[d], b, jax.random.fold_in(key, i))
         times[d].append(t)
@@ -194,12 +221,16 @@ def run(config, s: Settings) -> str:
   from attn import training  # pylint: disable=import-outside-toplevel
   print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs)")
   base = training.setup(config, s.workdir)
-  runs = {d: with_compute_dtype(base, d) for d in s.compute_dtypes or [base.tc.compute_dtype]}
-  steps = {d: r.step_fn() for d, r in runs.items()}
+  option_sets = {"": None, **xla_option_sets(s.xla_options)}
+  variants = {(f"{d}, {name}" if name else d): (d, opts)
+              for d in s.compute_dtypes or [base.tc.compute_dtype]
+              for name, opts in option_sets.items()}
+  runs = {lb: with_compute_dtype(base, d) for lb, (d, _) in variants.items()}
+  steps = {lb: runs[lb].step_fn(opts) for lb, (_, opts) in variants.items()}
   t0, before = time.time(), compile_cache.stats()
   batches, counted = compiled_batches(base, runs, steps, s.steps)
   loaded = (compile_cache.stats() - before).loaded
-  print(f"compiled {len(counted)} bucket shapes x {len(runs)} dtypes in "
+  print(f"compiled {len(counted)} bucket shapes x {len(runs)} runs in "
         f"{time.time() - t0:.1f} s" + (f" ({loaded} programs loaded from the compilation cache)"
                                       if loaded else ""))
   times, ceilings = time_rounds(runs, steps, batches, s)

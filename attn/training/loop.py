@@ -95,18 +95,20 @@ class Run:
   eval_pending: bool = False  # the evaluation due at `step` has not finished (saved with it)
   records: object = None  # resume.Records: config.json and model.json, written at the first save
 
-  def step_fn(self):
+  def step_fn(self, compiler_options: dict | None = None):
     """The jitted train step of this run (label smoothing bound): the state keeps its shardings
     (replicated, or vocabulary matrices over "model"), the batch rows are split over "data", the
-    metrics come back replicated. Takes what `device_batch` returns."""
+    metrics come back replicated. Takes what `device_batch` returns. `compiler_options`: XLA
+    options for its compilation (benchmarks compare them; None: XLA's defaults)."""
     fn = functools.partial(train_step, self.task, self.graphdef,
                            label_smoothing=self.tc.label_smoothing)
     donate = (0,) if self.donate else ()
     if self.mesh is None:
-      return jax.jit(fn, donate_argnums=donate)
+      return jax.jit(fn, donate_argnums=donate, compiler_options=compiler_options)
     rep = distributed.replicated(self.mesh)
     return jax.jit(fn, in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
-                   out_shardings=(self.shardings, rep), donate_argnums=donate)
+                   out_shardings=(self.shardings, rep), donate_argnums=donate,
+                   compiler_options=compiler_options)
 
   def device_batch(self, batch) -> dict:
     """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
