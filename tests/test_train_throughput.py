@@ -32,6 +32,8 @@ def test_option_sets_parse_and_name_what_is_wrong():
     train_throughput.xla_option_sets("{no_ynn: 1}")
   with pytest.raises(ValueError, match="must map names to option dicts"):
     train_throughput.xla_option_sets('{"a": 1}')
+  with pytest.raises(ValueError, match="must map names to option dicts"):
+    train_throughput.xla_option_sets('{"": {}}')  # the defaults' own row
   with pytest.raises(ValueError, match="'typo'.*xla_cpu_no_such_option"):
     train_throughput.xla_option_sets('{"typo": {"xla_cpu_no_such_option": true}}')
 

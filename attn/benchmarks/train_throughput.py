@@ -35,6 +35,7 @@ from attn.benchmarks import harness
 from attn.common import compile_cache
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
+from attn.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,20 +76,21 @@ def with_compute_dtype(run, compute_dtype: str):
 
 def xla_option_sets(text: str) -> dict[str, dict]:
   """The option sets of `Settings.xla_options` ("" = none), each checked by compiling a trivial
-  function with it, so that a misspelt option fails before the model is set up."""
+  function with it, so that a misspelt option fails in one line before the model is set up."""
   if not text.strip():
     return {}
   try:
     sets = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f"--xla_options is not JSON ({e}): {text!r}") from e
-  if not isinstance(sets, dict) or not all(isinstance(o, dict) for o in sets.values()):
-    raise ValueError(f"--xla_options must map names to option dicts, got {text!r}")
+    raise ConfigError(f"--xla_options is not JSON ({e}): {text!r}") from e
+  if not isinstance(sets, dict) or not all(name and isinstance(o, dict)
+                                           for name, o in sets.items()):
+    raise ConfigError(f"--xla_options must map names to option dicts, got {text!r}")
   for name, opts in sets.items():
     try:
       jax.jit(lambda x: x + 1, compiler_options=opts)(1.0)
     except Exception as e:  # pylint: disable=broad-except  # XLA raises its own runtime error
-      raise ValueError(f"--xla_options {name!r}: {e}") from e
+      raise ConfigError(f"--xla_options {name!r}: {e}") from e
   return sets
 
 
@@ -220,8 +222,8 @@ def run(config, s: Settings) -> str:
   returns the table."""
   from attn import training  # pylint: disable=import-outside-toplevel
   print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs)")
-  base = training.setup(config, s.workdir)
   option_sets = {"": None, **xla_option_sets(s.xla_options)}
+  base = training.setup(config, s.workdir)
   variants = {(f"{d}, {name}" if name else d): (d, opts)
               for d in s.compute_dtypes or [base.tc.compute_dtype]
               for name, opts in option_sets.items()}

@@ -31,9 +31,7 @@ from flax import nnx
 from attn.common import compile_cache
 from attn.errors import AttnError, ConfigError
 from attn.models import count_params
-from attn.training import distributed, marks
-from attn.training import evaluation
-from attn.training import resume
+from attn.training import distributed, evaluation, marks, resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints, restore_for_reading
@@ -96,19 +94,17 @@ class Run:
   records: object = None  # resume.Records: config.json and model.json, written at the first save
 
   def step_fn(self, compiler_options: dict | None = None):
-    """The jitted train step of this run (label smoothing bound): the state keeps its shardings
-    (replicated, or vocabulary matrices over "model"), the batch rows are split over "data", the
-    metrics come back replicated. Takes what `device_batch` returns. `compiler_options`: XLA
-    options for its compilation (benchmarks compare them; None: XLA's defaults)."""
+    """The jitted train step of `device_batch`'s batches (label smoothing bound; XLA
+    `compiler_options`, None: its defaults): the state keeps its shardings (replicated, or the
+    vocabulary matrices over "model"), the rows are split over "data", the metrics replicated."""
     fn = functools.partial(train_step, self.task, self.graphdef,
                            label_smoothing=self.tc.label_smoothing)
-    donate = (0,) if self.donate else ()
-    if self.mesh is None:
-      return jax.jit(fn, donate_argnums=donate, compiler_options=compiler_options)
-    rep = distributed.replicated(self.mesh)
-    return jax.jit(fn, in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
-                   out_shardings=(self.shardings, rep), donate_argnums=donate,
-                   compiler_options=compiler_options)
+    kw = dict(donate_argnums=(0,) if self.donate else (), compiler_options=compiler_options)
+    if self.mesh is not None:
+      rep = distributed.replicated(self.mesh)
+      kw.update(in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
+                out_shardings=(self.shardings, rep))
+    return jax.jit(fn, **kw)
 
   def device_batch(self, batch) -> dict:
     """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
@@ -125,9 +121,8 @@ class Run:
       model, _ = nnx.merge(self.graphdef, state)
       _, ntok, nll = self.task.loss(model, batch)
       return nll, ntok
-    if self.mesh is None:
-      return jax.jit(loss)
-    return jax.jit(loss, out_shardings=distributed.replicated(self.mesh))
+    return jax.jit(loss, **({} if self.mesh is None
+                            else {"out_shardings": distributed.replicated(self.mesh)}))
 
   def step_key(self, step: int):
     """The dropout key of `step`: a function of the seed and the step only, so a resumed run
@@ -300,8 +295,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   step_start = run.step
   it = run.bundle.train_iter(run.step, None if run.rows is None else run.rows.select)
   key_sharding = None if run.mesh is None else distributed.replicated(run.mesh)
-  timing = _Timing(time.time())
-  last = None
+  timing, last = _Timing(time.time()), None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, in _after_step.)
   spent = bool(tc.max_wall_s) and run.wall_s >= tc.max_wall_s
