@@ -97,7 +97,7 @@ def alignment(workdir, path):
 def _gold_cells(npz_path, i, n_digits):
   """The cells of example i's digits in reading order, from its source description."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from attn.data import glyphs  # pylint: disable=import-outside-toplevel
+  from attn.apps.caption import glyphs  # pylint: disable=import-outside-toplevel
   with np.load(npz_path) as npz:
     k = [int(x) for x in npz["example_ids"]].index(i)
     cells = str(npz["sources"][k]).split()

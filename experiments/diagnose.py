@@ -67,7 +67,7 @@ def _seq2seq(settings, out, experiment):
 def _recommend(settings, out, experiment):
   del experiment
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.inspection import recommend_diagnosis as rd
+  from attn.apps.recommend import recommend_diagnosis as rd
   if settings.ig_steps:
     raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
                       "implemented for recommend runs; leave it at 0")

@@ -9,14 +9,14 @@ bAbI-style story; a page highlights the sentences by attention weight, with a fo
 Writes focus.json, focus.md (evidence hit rate and answer accuracy per normalizer and inference
 temperature, training time), reader_<normalizer>.npz, model.json and focus.html into the workdir.
 With --port > 0 it then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
-attn.inspection.focus.FocusConfig (and of its stories section) is a flag: --dim, --train_size,
+attn.apps.focus.focus.FocusConfig (and of its stories section) is a flag: --dim, --train_size,
 --object_questions, ...
 """
 
 import os
 
-from attn.inspection.focus import FocusConfig
-from attn.inspection.focus_server import FocusServing
+from attn.apps.focus.focus import FocusConfig
+from attn.apps.focus.focus_server import FocusServing
 from attn.launching import cli
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
@@ -33,7 +33,8 @@ def define_flags():
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.inspection import focus, focus_server
+  from attn.apps.focus import focus
+  from attn.apps.focus import focus_server
   cfg = cli.settings_from_flags(FocusConfig)
   serving = cli.settings_from_flags(FocusServing)
   page = focus_server.inline_page(WEB_DIR)

@@ -22,14 +22,15 @@ cli.define_training_flags("experiments/configs/recommend.py:default")
 def validate_config(config):
   """The checks train_and_evaluate makes before touching the workdir (launch.py runs them on
   every combination of a sweep first)."""
-  from attn.training import recommendation  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import recommendation  # pylint: disable=import-outside-toplevel
   recommendation.validate_config(config)
 
 
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.training import recommendation, recommendation_eval
+  from attn.apps.recommend import recommendation
+  from attn.apps.recommend import recommendation_eval
   results = recommendation.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
   print(recommendation_eval.results_table([(results["model"], results)]))
 

@@ -25,8 +25,8 @@ def main(argv):
   del argv
   settings = cli.settings_from_flags(ReportSettings)
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.inspection import recommend_report
-  from attn.training.recommendation_eval import results_table
+  from attn.apps.recommend import recommend_report
+  from attn.apps.recommend.recommendation_eval import results_table
   rows = recommend_report.load(settings.workdirs)
   print(results_table(rows))
   recommend_report.figure(rows, settings.out)

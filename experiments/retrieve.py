@@ -13,7 +13,7 @@ Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mo
 distractors, training time), retrieve.png (the same against distractors), retriever.npz and
 model.json (the model the page serves) and retrieve.html into the workdir. With --port > 0 it
 then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
-attn.inspection.retrieve.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
+attn.apps.retrieve.retrieve.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
 --retrieval_loss, --modes, ...
 
 --diagnose (after training, or with --serve_only on the model already saved in --workdir, without
@@ -21,14 +21,14 @@ retraining) asks whether the answer uses the weights: the served model's retriev
 its top-k stories and each reader hop's weights over sentences are replaced in turn by each of
 --interventions (attn.inspection.interventions; `identity` reproduces the model's accuracy) on the
 run's own test pools, and diagnose.json and diagnose.md (accuracy, answers changed, and where each
-stage's top weight sits) are written into the workdir (attn.inspection.retrieve_diagnosis).
+stage's top weight sits) are written into the workdir (attn.apps.retrieve.retrieve_diagnosis).
 """
 
 import os
 
-from attn.inspection.retrieve import RetrieveConfig
-from attn.inspection.retrieve_diagnosis import RetrieveDiagnosis
-from attn.inspection.retrieve_server import RetrieveServing
+from attn.apps.retrieve.retrieve import RetrieveConfig
+from attn.apps.retrieve.retrieve_diagnosis import RetrieveDiagnosis
+from attn.apps.retrieve.retrieve_server import RetrieveServing
 from attn.launching import cli
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
@@ -45,7 +45,10 @@ def define_flags():
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.inspection import focus_server, retrieve, retrieve_diagnosis, retrieve_server
+  from attn.apps.focus import focus_server
+  from attn.apps.retrieve import retrieve
+  from attn.apps.retrieve import retrieve_diagnosis
+  from attn.apps.retrieve import retrieve_server
   cfg = cli.settings_from_flags(RetrieveConfig)
   serving = cli.settings_from_flags(RetrieveServing)
   diagnosis = cli.settings_from_flags(RetrieveDiagnosis)

@@ -34,7 +34,7 @@ from attn.launching import cli, entry_points
 
 # The experiments scored here, with the metrics their tables show (the first chooses decoding
 # settings on --tune_split): ROUGE against the test split's annotations (mean and best of them)
-# and against the sender's subject, attn.training.summarization.
+# and against the sender's subject, attn.apps.summarize.summarization.
 TABLE_METRICS = {
     "translate": ("bleu",),
     "summarize": ("rouge1", "rouge2", "rougeL", "rouge1_max", "rouge2_max", "rougeL_max",

@@ -14,12 +14,13 @@ import pytest
 from flax import nnx
 
 from attn import training
-from attn.data import captions, glyphs
+from attn.apps.caption import captions
+from attn.apps.caption import glyphs
 from attn.data.tokens import EOS, PAD
 from attn.errors import AttnError
 from attn.models import count_params
-from attn.models.captioner import build_captioner
-from attn.training.captioning import digit_accuracy
+from attn.apps.caption.captioner import build_captioner
+from attn.apps.caption.captioning import digit_accuracy
 from experiments.configs import caption as caption_config
 from experiments.configs import use_arch
 

@@ -16,9 +16,9 @@ import pytest
 from flax import nnx
 
 import attn
-from attn.inspection import focus
-from attn.inspection import focus_server
-from attn.inspection import stories
+from attn.apps.focus import focus
+from attn.apps.focus import focus_server
+from attn.data import stories
 from attn.models import reader
 from attn.errors import ConfigError
 from attn.data.tokens import UNK

@@ -10,9 +10,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from attn.inspection import focus
-from attn.inspection import focus_server
-from attn.inspection import stories
+from attn.apps.focus import focus
+from attn.apps.focus import focus_server
+from attn.data import stories
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APPLICATION = ("attn.models", "attn.data", "attn.training", "attn.decoding", "attn.evaluation",
+APPLICATION = ("attn.apps", "attn.models", "attn.data", "attn.training", "attn.decoding", "attn.evaluation",
                "attn.inspection", "attn.config", "attn.launching", "attn.benchmarks", "attn.common")
 # The primitives: scores, normalizers, scopes, masks and what composes them; the error types.
 PRIMITIVES = {"__init__", "banded", "core", "errors", "linear", "masks", "multihead",

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn.data import interactions
+from attn.apps.recommend import interactions
 from attn.errors import ConfigError
 from attn.evaluation import ranking
-from attn.models import recommenders
+from attn.apps.recommend import recommenders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = interactions.InteractionConfig(num_users=200, num_items=60, num_triggers=6, max_offset=5,
@@ -141,7 +141,7 @@ def _run(args, tmp_path):
 
 
 def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
-  from attn.training import recommendation
+  from attn.apps.recommend import recommendation
   from experiments.configs import recommend as presets
   wd = tmp_path / "run"
   out = recommendation.train_and_evaluate(presets.get_config("tiny"), str(wd))
@@ -192,7 +192,7 @@ def test_bad_values_are_config_errors_naming_the_field(override, message):
   """What experiments.recommend checks before it touches the workdir (its validate_config calls
   this one; the module itself defines absl flags, so it is not imported here)."""
   from attn.launching import entry_points
-  from attn.training import recommendation
+  from attn.apps.recommend import recommendation
   config = entry_points.build_config("experiments/configs/recommend.py:default",
                                      [override.split("=", 1)])
   with pytest.raises(ConfigError) as e:
@@ -201,7 +201,7 @@ def test_bad_values_are_config_errors_naming_the_field(override, message):
 
 
 def test_the_baselines_are_sized_to_the_attention_models_parameter_count():
-  from attn.training import recommendation
+  from attn.apps.recommend import recommendation
   dc = interactions.InteractionConfig()
   counts = {}
   for kind in ("sasrec", "meanpool", "gru"):
@@ -215,7 +215,7 @@ def test_the_baselines_are_sized_to_the_attention_models_parameter_count():
 
 def test_the_report_refuses_a_run_without_results(tmp_path):
   from attn.errors import DataError
-  from attn.inspection import recommend_report
+  from attn.apps.recommend import recommend_report
   with pytest.raises(DataError, match=f"{tmp_path}: no results.json of a recommend run"):
     recommend_report.load([str(tmp_path)])
   with pytest.raises(ConfigError, match="--workdirs: give at least one"):

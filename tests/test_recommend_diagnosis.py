@@ -17,15 +17,15 @@ from flax import nnx
 
 from attn.errors import ConfigError
 from attn.inspection import interventions
-from attn.inspection import recommend_diagnosis as rd
-from attn.models import recommenders
+from attn.apps.recommend import recommend_diagnosis as rd
+from attn.apps.recommend import recommenders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-  from attn.training import recommendation
+  from attn.apps.recommend import recommendation
   from experiments.configs import recommend as presets
   wd = tmp_path_factory.mktemp("rec") / "sasrec"
   config = presets.get_config("tiny")

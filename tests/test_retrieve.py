@@ -14,8 +14,10 @@ import pytest
 from flax import nnx
 
 from attn.errors import ConfigError
-from attn.inspection import pools, retrieve, stories
-from attn.models import retriever
+from attn.apps.retrieve import pools
+from attn.apps.retrieve import retrieve
+from attn.data import stories
+from attn.apps.retrieve import retriever
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = pools.PoolStoryConfig(max_sentences=6)

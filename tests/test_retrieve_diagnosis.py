@@ -11,8 +11,11 @@ import pytest
 from flax import nnx
 
 from attn.errors import ConfigError
-from attn.inspection import interventions, pools, retrieve, retrieve_diagnosis
-from attn.models import retriever
+from attn.inspection import interventions
+from attn.apps.retrieve import pools
+from attn.apps.retrieve import retrieve
+from attn.apps.retrieve import retrieve_diagnosis
+from attn.apps.retrieve import retriever
 
 SMALL = pools.PoolStoryConfig(max_sentences=6)
 

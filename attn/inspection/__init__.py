@@ -5,10 +5,7 @@
   alignment scores) and `interventions` (the counterfactual weights, a Registry);
   `diagnosis_report` writes diagnose.json, the text summary and the plots;
 - `viewer`: the run viewer's data and page;
-- `stories`, `focus`, `focus_server`: bAbI-style stories, the reading-focus demo's readers, and
-  its page and API;
-- `pools`, `retrieve`, `retrieve_server`: two-hop questions in pools of distractor stories;
-  retrieval, then read (models/retriever.py): the sweep, recall@k, and its API on the focus page;
+- `measures`, `interventions`, `outputs`: what the diagnoses of every application share;
 - `screenshot`: a PNG of a page in headless Chromium;
 - `plots`: alignment heatmaps (matplotlib, headless).
 

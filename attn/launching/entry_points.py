@@ -8,7 +8,6 @@ Other entry points (benchmarks, the look-inside tools) are run directly.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import os
@@ -18,69 +17,41 @@ from ml_collections import config_flags
 
 from attn.errors import AttnError, ConfigError
 from attn.launching import cli, launchers
-from attn.registry import Registry
 
 
-# What every run's results.json holds besides its task's scores (attn.training.evaluation).
-RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
-               "decode_s", "eval_s", "beam_size")
+class _Launchable:
+  """The registered applications launch.py runs (attn.apps.APPS entries with `launchable`), as
+  a read-only registry: names(), items(), get(name), `name in`."""
+
+  @staticmethod
+  def _apps():
+    from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
+    return apps.APPS
+
+  def items(self):
+    return [(n, a) for n, a in self._apps().items() if a.launchable]
+
+  def names(self) -> list[str]:
+    return [n for n, _ in self.items()]
+
+  def __contains__(self, name) -> bool:
+    return name in self.names()
+
+  def get(self, name: str):
+    return experiment(name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Experiment:
-  """An experiment trains the task of its name (attn.training.TASKS). module: what `python -m`
-  runs; doc: one line for listings; metrics: the results.json fields launch tabulates by default
-  (the first is plotted); scores: the task's scores (each also `<name>_greedy` when a run decodes
-  with a beam); figures: its other figures; nested: its fields that hold a dict (by bucket) or a
-  list (by layer) of numbers, tabulated one column per entry (attn.launching.columns)."""
-  module: str
-  doc: str = ""
-  metrics: tuple[str, ...] = ()
-  scores: tuple[str, ...] = ()
-  figures: tuple[str, ...] = ()
-  nested: tuple[str, ...] = ()
-
-  @property
-  def known_metrics(self) -> tuple[str, ...]:
-    """Every numeric field a finished run of this experiment can have in results.json (the
-    nested ones apart)."""
-    return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
-            + RUN_FIGURES)
+EXPERIMENTS = _Launchable()
 
 
-_ROUGE = ("rouge1", "rouge2", "rougeL")
-EXPERIMENTS: Registry[Experiment] = Registry("experiment", error=ConfigError)
-EXPERIMENTS.add("translate", Experiment(
-    "experiments.translate", "seq2seq translation",
-    metrics=("bleu", "exact_match", "params", "tokens_per_sec", "wall_s"),
-    scores=("bleu", "chrf", "exact_match"), figures=("aer", "attention_on_gold"),
-    nested=("exact_match_by_src_len",)))
-EXPERIMENTS.add("summarize", Experiment(
-    "experiments.summarize", "summarization: attention, pointer-generator, coverage",
-    metrics=(*_ROUGE, "params", "tokens_per_sec", "wall_s"),
-    scores=(*_ROUGE, *(f"{r}_max" for r in _ROUGE), *(f"{r}_subject" for r in _ROUGE)),
-    figures=("annotated_examples", "repeated_trigram_rate", "source_token_share",
-             "oov_in_references", "oov_recovered", "oov_copies", "copied_share", "mean_p_gen")))
-EXPERIMENTS.add("caption", Experiment(
-    "experiments.caption", "image captioning: attention over image regions",
-    metrics=("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s"),
-    scores=("digit_accuracy", "exact_match"), figures=("aer", "attention_on_gold"),
-    nested=("exact_match_by_digits", "digit_accuracy_by_digits")))
-EXPERIMENTS.add("recommend", Experiment(
-    "experiments.recommend", "next-item recommendation: self-attention, mean-pooling, GRU",
-    metrics=("hr10", "ndcg10", "attention_on_gold", "params", "wall_s"),
-    scores=("hr10", "ndcg10"), figures=("attention_on_gold", "random_hr10", "users"),
-    nested=("hr10_by_length", "ndcg10_by_length", "attention_on_gold_by_length",
-            "attention_on_gold_by_layer", "attention_on_gold_by_layer_and_length",
-            "gold_is_argmax_by_layer")))
-
-
-def experiment(name: str) -> Experiment:
-  """The registered experiment `name`; a ConfigError (one line) listing the known ones if none."""
+def experiment(name: str):
+  """The launchable application `name` (an attn.apps.App: `module`, `doc`, and its task's
+  `metrics`, `scores`, `figures`, `nested`, `known_metrics`); a ConfigError (one line) listing
+  the known ones if none."""
   if name not in EXPERIMENTS:
     raise ConfigError(f"--experiment={name}: not an experiment launch.py runs; known: "
                       f"{', '.join(EXPERIMENTS.names())}")
-  return EXPERIMENTS.get(name)
+  return _Launchable._apps().get(name)
 
 
 def _not_a_metric(exp: Experiment, name: str) -> bool:
@@ -136,10 +107,11 @@ def experiment_of(workdir) -> str | None:
   rec, _ = launchers.read_record(os.path.join(workdir, launchers.RECORD))
   if rec and rec.get("experiment") in EXPERIMENTS:
     return rec["experiment"]
+  from attn import apps  # pylint: disable=import-outside-toplevel
   for fields in _recorded_fields(workdir):
-    for name, exp in EXPERIMENTS.items():
-      if exp.scores[0] in fields:
-        return name
+    name = apps.app_of_results(fields)
+    if name is not None:
+      return name
   return None
 
 

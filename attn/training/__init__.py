@@ -7,9 +7,8 @@
   (config.json, model.json) are written;
 - `metrics_log`: metrics.jsonl and TensorBoard;
 - `results`: atomic JSON and the one results table;
-- `task`: the task interface (what to build, score and decode) and the translation task;
-- `summarization`: the summarization task (ROUGE, pointer-generator loss, copy figures);
-- `captioning`: the image captioning task (digit strips, region CNN, exact match by digits);
+- `task`: the task interface every application gives the loop (data, model, loss, selection);
+- `seq2seq_task`: what sequence-to-sequence tasks share (loss, decoding, output text);
 - `config`: `TrainConfig` and the optimizer;
 - `distributed`: the device mesh, shardings, jax.distributed and what only process 0 writes.
 """
@@ -22,11 +21,9 @@ from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate,
                                 validate_config)
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table
-from attn.training.summarization import SummarizationTask
-from attn.training.captioning import CaptionTask
-from attn.training.task import Task, TranslationTask, get_task
+from attn.training.seq2seq_task import Seq2SeqTask
+from attn.training.task import Task, get_task
 
-__all__ = ["CaptionTask", "Checkpoints", "MetricsWriter", "Run", "Search", "SummarizationTask", "Task",
-           "TrainConfig", "TranslationTask",
+__all__ = ["Checkpoints", "MetricsWriter", "Run", "Search", "Seq2SeqTask", "Task", "TrainConfig",
            "distributed", "get_task", "load_run", "make_optimizer", "results_table", "setup",
            "train", "train_and_evaluate", "train_step", "validate_config"]

@@ -1,39 +1,49 @@
-"""The task interface the training loop and the evaluation share: what to build, what to score,
-how to decode.
+"""The task interface of the training loop: what every application's run needs.
 
-A task is registered by name in `TASKS`; `train_and_evaluate(config, workdir,
-task=...)` looks it up. Translation is the first; summarization and other models plug in by
-subclassing `Task` rather than copying the loop.
-
-The model's training objective is the same in every task: the pointer-generator's loss on each
-example's source-extended vocabulary (model.rnn.pointer: -log P(y_t) of the mixed distribution,
-attn.models.copying, on `tgt_ext`; a target word outside the vocabulary that occurs in the
-source is a copy target) and the coverage loss (model.rnn.coverage: coverage_loss_weight *
-sum_t sum_i min(a^t_i, c^t_i), See et al. 2017, eq. 13) train wherever the model has them, and
-outputs with ids >= V are written back as words of that example's source.
+A task is what an application (attn.apps) gives the loop: its data, its model, its loss and how
+its evaluations choose the best checkpoint. Sequence-to-sequence tasks, which also decode and
+score text, extend it in attn.training.seq2seq_task. `get_task(name)` finds the task of a
+registered application.
 """
 
 from __future__ import annotations
 
 import abc
 
-import jax.numpy as jnp
-
-from attn import decoding
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
-from attn.evaluation import metrics as metrics_lib
-from attn.errors import ConfigError
-from attn.models import (ModelConfig, build_model, copying, match_param_count,
-                         sequence_loss)
-from attn.registry import Registry
 
-# What a run trains for (translate, summarize): entries are `Task` subclasses.
-TASKS = Registry("task", error=ConfigError)
+# What every run's results.json holds besides its task's scores (attn.training.evaluation).
+RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
+               "decode_s", "eval_s", "beam_size")
 
 
 class Task(abc.ABC):
   """What a training run needs to know about its task. Methods are pure in the model (an
-  nnx.Module merged inside jit) and the batch (dict of arrays, shapes in attn/data/pipeline.py)."""
+  nnx.Module merged inside jit) and the batch (dict of arrays).
+
+  Class-level declarations of what a finished run's results.json holds (read by launch.py and
+  the run tools without building anything): `scores` (the task's scores; the first is its own,
+  no other task reports it), `figures` (its other figures), `nested` (fields holding a dict by
+  bucket or a list by layer, tabulated one column per entry), `metrics` (the fields launch.py
+  tabulates by default, the first plotted), `columns` (the results table the run prints) and
+  `notes` (nested fields printed as one line under that table, with their label).
+  """
+  scores: tuple[str, ...] = ()
+  figures: tuple[str, ...] = ()
+  nested: tuple[str, ...] = ()
+  metrics: tuple[str, ...] = ()
+  columns: tuple[str, ...] = ()
+  notes: tuple[tuple[str, str], ...] = ()
+  run_figures: tuple[str, ...] = RUN_FIGURES
+
+  @abc.abstractmethod
+  def data_config(self, cfg):
+    """The validated `data` section: a frozen dataclass with `batch_size` and
+    `tokens_per_batch`."""
+
+  @abc.abstractmethod
+  def load_data(self, cfg, workdir):
+    """The data bundle the loop reads, of the validated `data` section `cfg`."""
 
   @abc.abstractmethod
   def model_config(self, cfg, bundle):
@@ -42,8 +52,8 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def check_model_config(self, cfg, data, train) -> None:
     """Validates the `model` section, and where it meets the data and train sections (a
-    DataConfig, a TrainConfig), before any data is read (vocabulary sizes still unknown);
-    raises ConfigError naming the fields."""
+    DataConfig, a TrainConfig), before any data is read; raises ConfigError naming the
+    fields."""
 
   @abc.abstractmethod
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
@@ -54,209 +64,13 @@ class Task(abc.ABC):
     """(sum of token losses, number of tokens, sum of unsmoothed NLL), float32 scalars."""
 
   @abc.abstractmethod
-  def decode(self, model, batch, *, max_len: int, search: Search):
-    """A `decoding.DecodeOutput` for one batch (the device arrays: src, src_lengths[, src_ext])."""
-
-  @abc.abstractmethod
-  def attention(self, model, batch):
-    """Teacher-forced `StepAttention` (weights and raw scores, [B, Tt, Ts] each) along
-    batch["tgt"], or None when the model never forms the weights (fused)."""
-
-  @abc.abstractmethod
-  def score(self, bundle, role, hyps: dict, src_lengths: dict) -> dict:
-    """Metrics of decoded outputs `hyps` (example_id -> text) against the split's references."""
-
-  @abc.abstractmethod
   def selection_metrics(self, bundle) -> tuple[str, ...]:
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
-    later ones break ties of the earlier (exact match stays 0 for a while on built-in tasks)."""
-
-  # Whether AER leaves out the attention of output tokens without a gold link (a caption's EOS,
-  # which has no region to point at), rather than counting it as an error.
-  aer_skips_unaligned = False
-
-  def data_config(self, cfg):
-    """The validated `data` section (DataConfig by default; a task with other data has its own
-    frozen dataclass, with `batch_size` and `tokens_per_batch`)."""
-    from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
-    return DataConfig.from_config(cfg)
-
-  def load_data(self, cfg, workdir):
-    """The data bundle the loop reads (attn.data.DataBundle's interface) of the `data` section."""
-    from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
-    return data.load(cfg, workdir)
-
-  def attention_arrays(self, bundle, role, example_ids) -> dict:
-    """Arrays attention.npz stores besides the weights, e.g. `image_{id}` and `regions_{id}` for
-    the viewer's picture of an image task; none by default."""
-    del bundle, role, example_ids
-    return {}
-
-  def output_text(self, bundle, role, example_id: int, ids) -> str:
-    """The text of decoded `ids` (up to EOS) for example `example_id` of the split."""
-    del role, example_id
-    return bundle.tgt_vocab.decode(ids)
-
-  def output_labels(self, bundle, role, example_id: int, ids) -> list[str]:
-    """One label per decoded id (heatmap rows)."""
-    del role, example_id
-    return bundle.tgt_vocab.labels(ids)
-
-  def analysis(self, bundle, role, outputs) -> dict:
-    """Task-specific figures of the decoded test outputs (`evaluation.Outputs`) for
-    results.json; none by default."""
-    del bundle, role, outputs
-    return {}
-
-
-@TASKS.register("translate")
-class TranslationTask(Task):
-  """Seq2seq translation (and built-in tasks): BLEU / chrF, exact match, gold-alignment scores;
-  the loss and output text of every task (the pointer-generator's and coverage's included)."""
-
-  def model_config(self, cfg, bundle) -> ModelConfig:
-    mc = ModelConfig.from_config(cfg, src_vocab=bundle.src_vocab.size,
-                                 tgt_vocab=bundle.tgt_vocab.size)
-    ref = mc.rnn.match_params_of
-    if ref and ref != mc.rnn.decoder:
-      mc = match_param_count(mc, mc.replace_paths({"fused": False, "rnn.decoder": ref}))
-    # The match is resolved into dec_hidden: the config of record is the concrete model.
-    return mc.replace_paths({"rnn.match_params_of": ""})
-
-  def check_model_config(self, cfg, data, train) -> None:
-    mc = ModelConfig.from_config(cfg, src_vocab=8, tgt_vocab=8)  # placeholder vocabularies
-    check_sections(mc.validate(), data, train)
-
-  def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
-    return build_model(model_config, seed=seed, compute_dtype=compute_dtype)
-
-  def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
-    """The cross-entropy of the targets, or the pointer-generator's on the extended vocabulary
-    (model.rnn.pointer; no label smoothing, check_sections), plus the coverage loss
-    (model.rnn.coverage; not in the returned NLL)."""
-    cfg = model.cfg.rnn  # every architecture's config has it (a Transformer's at its defaults)
-    logits, att = model.attention(batch, dropout_key)
-    Tt = batch["tgt"].shape[1]
-    mask = (jnp.arange(Tt)[None, :] < batch["tgt_lengths"][:, None]).astype(jnp.float32)
-    if cfg.pointer:
-      logp = copying.gold_log_prob(logits, att.p_gen_logit, att.weights, batch["src_ext"],
-                                   batch["tgt_ext"])
-      nll = -jnp.sum(logp * mask)
-      total, ntok = nll, jnp.sum(mask)
-    else:
-      total, ntok, nll = sequence_loss(logits, batch["tgt"], batch["tgt_lengths"], label_smoothing)
-    if cfg.coverage and cfg.coverage_loss_weight:
-      total = total + cfg.coverage_loss_weight * copying.coverage_loss(att.weights, mask)
-    return total, ntok, nll
-
-  def decode(self, model, batch, *, max_len, search):
-    src = batch["src"]
-    if model.longest_output is not None:  # e.g. a learned position table: no step past its end
-      max_len = min(max_len, model.longest_output)
-    init = model.initial_decode_state(src, batch["src_lengths"], batch.get("src_ext"),
-                                      max_len=max_len)
-    common = dict(min_len=search.min_len, block_repeat_ngram=search.block_repeat_ngram,
-                  keep_weights=search.attention, shrink_to=search.shrink_to)
-    if search.beam_size == 1:
-      return decoding.greedy_decode(model.step_fn(), init, src.shape[0], max_len, **common)
-    return decoding.beam_search(
-        model.step_fn(), init, src.shape[0], max_len, beam_size=search.beam_size,
-        length_penalty=search.length_penalty, coverage_penalty=search.coverage_penalty,
-        source_lengths=batch["src_lengths"], stop=search.stop, **common)
-
-  def attention(self, model, batch):
-    return model.attention(batch)[1]
-
-  # -- text of outputs on the extended vocabulary
-
-  def _source_oovs(self, bundle, role) -> list[list[str]]:
-    """Per example_id: the distinct out-of-vocabulary words of its (truncated) source, in the
-    order that numbers them V, V + 1, ... (as the data pipeline's src_ext does). Computed once
-    per split of a bundle."""
-    cache = self.__dict__.setdefault("_oov_cache", {})
-    key = (id(bundle), role)
-    if key not in cache:  # the bundle is kept with its entry, so its id is not reused
-      cache[key] = (bundle, bundle.source_oovs(role))
-    return cache[key][1]
-
-  def output_text(self, bundle, role, example_id, ids):
-    if not bundle.config.extended_vocab:
-      return super().output_text(bundle, role, example_id, ids)
-    return bundle.tgt_vocab.decode_extended(ids, self._source_oovs(bundle, role)[example_id])
-
-  def output_labels(self, bundle, role, example_id, ids):
-    if not bundle.config.extended_vocab:
-      return super().output_labels(bundle, role, example_id, ids)
-    return bundle.tgt_vocab.labels_extended(ids, self._source_oovs(bundle, role)[example_id])
-
-  # -- scores
-
-  def score(self, bundle, role, hyps, src_lengths) -> dict:
-    """BLEU/chrF for text tasks, exact match (+ per source-length bucket) for built-in tasks."""
-    refs_all = bundle.references(role)
-    ids = sorted(hyps)
-    h = [hyps[i] for i in ids]
-    r = [refs_all[i] for i in ids]
-    lowercase = bool(bundle.config.lowercase)
-    out = {"bleu": metrics_lib.bleu(h, r, lowercase=lowercase),
-           "chrf": metrics_lib.chrf(h, r, lowercase=lowercase),
-           "exact_match": metrics_lib.exact_match(h, r)}
-    if bundle.has_alignments:
-      lengths = [src_lengths[i] for i in ids]
-      out["exact_match_by_src_len"] = metrics_lib.exact_match_by_bucket(
-          h, r, lengths, buckets=10 if max(lengths) > 20 else 5)
-    return out
-
-  def selection_metrics(self, bundle) -> tuple[str, ...]:
-    return ("exact_match", "bleu", "chrf") if bundle.has_alignments else ("bleu", "chrf")
+    later ones break ties of the earlier."""
 
 
 def get_task(name: str) -> Task:
-  return TASKS.get(name)()
-
-
-def check_sections(mc: ModelConfig, data, train) -> None:
-  """The rules where the model section meets the data section (a DataConfig) and the train
-  section (a TrainConfig), checked before anything is read or written: ConfigError naming the
-  settings on both sides."""
-  r = mc.rnn
-  if r.pointer and not data.extended_vocab:
-    raise ConfigError("model.rnn.pointer=True needs data.extended_vocab=True (and "
-                      "data.shared_vocab=True): the copy targets are ids on each example's "
-                      "source-extended vocabulary")
-  if r.pointer and train.label_smoothing:
-    raise ConfigError(f"train.label_smoothing={train.label_smoothing} with model.rnn.pointer="
-                      "True: label smoothing is not defined on the pointer-generator's mixed "
-                      "distribution; set train.label_smoothing=0")
-  if getattr(mc.settings, "share_embeddings", False) and not data.shared_vocab:
-    raise ConfigError(f"model.{mc.arch}.share_embeddings=True needs data.shared_vocab=True: "
-                      "one embedding serves both sides only over one vocabulary")
-  if data.pack:
-    check_packable(mc)
-  widest = data.widest_batch
-  for side, (field, limit, why) in mc.length_limits().items():
-    width, source = widest[side]
-    if limit < width:
-      raise ConfigError(f"{field}={limit} is below the widest {side} batch, {width} tokens "
-                        f"({source}): with {why} the model has no position past {field}; "
-                        f"raise it to {width} or narrow the data")
-
-
-def check_packable(mc: ModelConfig) -> None:
-  """ConfigError naming the setting that data.pack=True (packed training rows) cannot serve."""
-  if mc.arch != "transformer":
-    raise ConfigError(f"data.pack=True with model.arch={mc.arch}: only the Transformer keeps "
-                      "the examples of a packed row apart (its attention is masked per example); "
-                      "a recurrent encoder would carry one example's state into the next")
-  for field in ("enc_self", "dec_self", "cross"):
-    scope = getattr(mc.transformer, field).scope
-    if scope in ("linear", "local_p"):
-      raise ConfigError(
-          f"data.pack=True with model.transformer.{field}.scope={scope}: "
-          + ("linear attention takes key masks only, not the per-example masks of a packed "
-             "row" if scope == "linear" else "local_p predicts a window over the whole "
-             "row's source, not over one example's") + "; pack with another scope")
-  if mc.fused:
-    raise ConfigError("data.pack=True with model.fused=True: the fused kernels take key "
-                      "lengths, not the per-example masks a packed row needs; set one of them "
-                      "False")
+  """A fresh instance of the task of registered application `name` (attn.apps.APPS);
+  ConfigError listing the known ones if none."""
+  from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
+  return apps.app(name).task_class()

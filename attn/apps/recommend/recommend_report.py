@@ -1,7 +1,7 @@
 """The recommendation runs side by side: one table (HR@10, NDCG@10, attention on the planted
 trigger, parameters, wall time) and one figure with two panels, by history length: the final
 position's attention on the planted trigger (models with attention), and HR@10 of every model.
-Reads each run's results.json (attn.training.recommendation_eval)."""
+Reads each run's results.json (attn.apps.recommend.recommendation_eval)."""
 
 from __future__ import annotations
 

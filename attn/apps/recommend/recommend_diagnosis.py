@@ -1,5 +1,5 @@
 r"""Can a next-item recommender's attention be read as an explanation? The diagnosis of a
-finished recommend run (experiments/recommend.py, attn.training.recommendation), asking the
+finished recommend run (experiments/recommend.py, attn.apps.recommend.recommendation), asking the
 seq2seq diagnosis's two questions (attn.inspection.diagnosis) of the prediction at each test
 user's final position:
 
@@ -48,7 +48,7 @@ PLOTS = ("diagnose_tau.png", "diagnose_counterfactual.png")
 def check_model(workdir: str, record: dict) -> None:
   """DiagnosisError (one line) for a run whose model forms no attention; record: results.json's
   `model_config` (checked before anything is loaded)."""
-  from attn.models import recommenders  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import recommenders  # pylint: disable=import-outside-toplevel
   kind = record.get("kind", "?")
   if kind not in recommenders.RECOMMENDERS or not recommenders.RECOMMENDERS.get(kind).has_attention:
     raise DiagnosisError(
@@ -61,9 +61,9 @@ def load_run(workdir: str):
   recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or has no
   attention. Writes nothing."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from attn.data import interactions  # pylint: disable=import-outside-toplevel
-  from attn.models import recommenders  # pylint: disable=import-outside-toplevel
-  from attn.training import recommendation as rec  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import interactions  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import recommenders  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import recommendation as rec  # pylint: disable=import-outside-toplevel
   from attn.training import checkpoints  # pylint: disable=import-outside-toplevel
   res, why = _read(os.path.join(workdir, "results.json"))
   if res is None or "hr10" not in res:

@@ -2,9 +2,9 @@
 
 An image is a strip of `cells` square cells of `cell_px` pixels. Between `min_digits` and
 `max_digits` cells (chosen at random) hold a digit 0-9; each other cell holds a distractor glyph
-(a letter or a symbol, attn.data.glyphs.DISTRACTORS) with probability `distractor_rate`, else
+(a letter or a symbol, attn.apps.caption.glyphs.DISTRACTORS) with probability `distractor_rate`, else
 nothing but noise. Every glyph is drawn from a random font of matplotlib's bundled ones with a
-random scale, rotation and shift (attn.data.glyphs). The caption is the digits in reading order
+random scale, rotation and shift (attn.apps.caption.glyphs). The caption is the digits in reading order
 (left to right), e.g. "7 3 5"; the gold alignment of output step t is the cell holding its digit
 (the EOS step has none).
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from attn.config import configurable
 from attn.config.configurable import option
-from attn.data import glyphs
+from attn.apps.caption import glyphs
 from attn.data.base import DataError
 from attn.data.tokenize import TokenizerSpec, Vocab
 from attn.data.tokens import EOS, PAD

@@ -1,4 +1,4 @@
-"""The reading-focus demo's page and API: trained readers (attn.inspection.focus) answer the
+"""The reading-focus demo's page and API: trained readers (attn.apps.focus.focus) answer the
 page's queries over HTTP.
 
     service = focus_server.FocusService.from_workdir("workdirs/focus")
@@ -27,8 +27,8 @@ from flax import nnx
 
 from attn.config.configurable import option
 from attn.errors import ConfigError, DataError
-from attn.inspection import stories
-from attn.inspection.focus import MODEL_FILE, PAGE_FILE, TEMPERATURE_RANGE, params_file
+from attn.data import stories
+from attn.apps.focus.focus import MODEL_FILE, PAGE_FILE, TEMPERATURE_RANGE, params_file
 from attn.models import reader
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Multi-hop questions mixed into pools of distractor stories (retrieval, then read), seeded, numpy.
 
-Every question is bAbI task 2's "Where is the apple?" (attn.inspection.stories): two supporting
+Every question is bAbI task 2's "Where is the apple?" (attn.data.stories): two supporting
 facts in its own story, the last pick-up of the apple and the last move of its holder:
 
     John took the apple.              <- fact 1 (names the holder)
@@ -34,7 +34,7 @@ import numpy as np
 
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import stories
+from attn.data import stories
 
 @dataclasses.dataclass(frozen=True)
 class PoolStoryConfig(stories.StoryConfig):

@@ -1,5 +1,5 @@
 """Is the attention on the gold facts what the answer uses? A counterfactual diagnosis of a trained
-retriever + reader (attn.models.retriever), stage by stage.
+retriever + reader (attn.apps.retrieve.retriever), stage by stage.
 
 Each stage's weights are replaced by a registered intervention (attn.inspection.interventions:
 identity, permute, uniform, zero_top) while the other stages run as trained, and the answers are
@@ -15,7 +15,7 @@ Per stage and intervention: answer accuracy, the fraction of answers that change
 total variation between the real and the counterfactual answer distributions
 (measures.output_divergences). `identity` is the control: it must reproduce the model's own
 accuracy exactly. Per stage also where the top weight sits: the gold story for retrieval, the hop's
-gold fact for a hop (attn.inspection.retrieve.hop_hits).
+gold fact for a hop (attn.apps.retrieve.retrieve.hop_hits).
 
     report = retrieve_diagnosis.diagnose_workdir("workdirs/retrieve", ("identity", "zero_top"))
 """
@@ -36,8 +36,10 @@ from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import interventions as interventions_lib
-from attn.inspection import measures, pools, retrieve
-from attn.models import retriever
+from attn.inspection import measures
+from attn.apps.retrieve import pools
+from attn.apps.retrieve import retrieve
+from attn.apps.retrieve import retriever
 
 DIAGNOSIS_FILE = "diagnose.json"
 DIAGNOSIS_TABLE = "diagnose.md"
@@ -131,7 +133,7 @@ def load(workdir: str):
   """The model the page serves and its test pools, rebuilt as the training run built them ->
   (model, test PoolSet, the run's results). A ConfigError when the workdir lacks them."""
   # pylint: disable-next=import-outside-toplevel  (the page's module loads the saved model)
-  from attn.inspection.retrieve_server import RetrieveService
+  from attn.apps.retrieve.retrieve_server import RetrieveService
   service = RetrieveService.from_workdir(workdir)
   path = os.path.join(workdir, retrieve.RESULTS_FILE)
   results = files.read_json(path) if os.path.exists(path) else None

@@ -1,5 +1,5 @@
-"""Next-item recommendation: train a recommender (attn.models.recommenders) on the generated
-interaction log (attn.data.interactions), rank the held-out items, write the run's files.
+"""Next-item recommendation: train a recommender (attn.apps.recommend.recommenders) on the generated
+interaction log (attn.apps.recommend.interactions), rank the held-out items, write the run's files.
 
 Why not a `Task` in TASKS: the seq2seq loop's task interface is built around a data bundle of
 source/target text, decoding (`decode`, `Search`), text scores against references and token
@@ -34,13 +34,14 @@ from flax import nnx
 
 from attn.config import configurable
 from attn.config.configurable import option
-from attn.data import interactions
+from attn.apps.recommend import interactions
 from attn.errors import ConfigError
-from attn.models import recommenders
-from attn.training import recommendation_eval as rec_eval
+from attn.apps.recommend import recommenders
+from attn.apps.recommend import recommendation_eval as rec_eval
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints
 from attn.training.metrics_log import MetricsWriter
+from attn.training.task import RUN_FIGURES
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,20 @@ class RecTrainConfig:
       raise ConfigError(f"train.learning_rate={self.learning_rate} must be positive")
     if self.warmup_steps < 0 or self.attention_samples < 0:
       raise ConfigError("train.warmup_steps and train.attention_samples must be >= 0")
+
+
+class RecommendTask:
+  """What a finished recommend run's results.json holds (attn.training.task.Task's
+  declarations), read by launch.py and the run tools."""
+  scores = ("hr10", "ndcg10")
+  figures = ("attention_on_gold", "random_hr10", "users")
+  nested = ("hr10_by_length", "ndcg10_by_length", "attention_on_gold_by_length",
+            "attention_on_gold_by_layer", "attention_on_gold_by_layer_and_length",
+            "gold_is_argmax_by_layer")
+  metrics = ("hr10", "ndcg10", "attention_on_gold", "params", "wall_s")
+  columns = ("kind", "params", "hr10", "ndcg10", "attention_on_gold", "wall_s")
+  notes = ()
+  run_figures = RUN_FIGURES
 
 
 SECTIONS = {"data": interactions.InteractionConfig, "model": recommenders.RecommenderConfig,

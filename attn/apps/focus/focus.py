@@ -1,10 +1,10 @@
 """The reading-focus demo's library: train one-hop readers (attn.models.reader) on bAbI-style
-stories (attn.inspection.stories), one per normalizer; measure where they look and what they
+stories (attn.data.stories), one per normalizer; measure where they look and what they
 answer at several inference temperatures; save them.
 
     results = focus.train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
 
-The page and its API are attn.inspection.focus_server.
+The page and its API are attn.apps.focus.focus_server.
 
 Metrics on the held-out test set, per normalizer and temperature T:
 - evidence hit rate: argmax of the attention weights == the gold final supporting fact (for
@@ -33,7 +33,7 @@ from attn.common import files
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import stories
+from attn.data import stories
 from attn.models import reader
 
 MODEL_FILE = "model.json"  # story config, vocabulary, reader configs, sample stories

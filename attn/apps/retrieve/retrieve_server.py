@@ -1,5 +1,5 @@
 """The retrieval experiment on the reading-focus page: a trained retriever + reader
-(attn.inspection.retrieve) answers the page's queries with both stages' weights.
+(attn.apps.retrieve.retrieve) answers the page's queries with both stages' weights.
 
     service = retrieve_server.RetrieveService.from_workdir("workdirs/retrieve")
     focus_server.make_server(service, focus_server.inline_page(web_dir), port=8000)
@@ -25,11 +25,12 @@ from flax import nnx
 from attn.common import files
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import stories
-from attn.inspection.focus import TEMPERATURE_RANGE
-from attn.inspection.focus_server import BadRequest, bucket, check_query
-from attn.inspection.retrieve import MODEL_FILE, SERVED_PARAMS
-from attn.models import reader, retriever
+from attn.data import stories
+from attn.apps.focus.focus import TEMPERATURE_RANGE
+from attn.apps.focus.focus_server import BadRequest, bucket, check_query
+from attn.apps.retrieve.retrieve import MODEL_FILE, SERVED_PARAMS
+from attn.models import reader
+from attn.apps.retrieve import retriever
 
 TITLE = "Retrieval, then read"
 DESCRIPTION = (

@@ -1,5 +1,5 @@
-"""Retrieval, then read: train attn.models.retriever on two-hop questions in pools of distractor
-stories (attn.inspection.pools), one model per retrieval mode and number of distractors; measure
+"""Retrieval, then read: train attn.apps.retrieve.retriever on two-hop questions in pools of distractor
+stories (attn.apps.retrieve.pools), one model per retrieval mode and number of distractors; measure
 retrieval recall@k, answer accuracy and where each hop looks; save the table, the plot and the
 models the page serves.
 
@@ -36,8 +36,10 @@ from attn.common import files
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import pools, stories
-from attn.models import reader, retriever
+from attn.apps.retrieve import pools
+from attn.data import stories
+from attn.models import reader
+from attn.apps.retrieve import retriever
 
 MODEL_FILE = "model.json"  # story config, vocabulary, the served model's config, sample pools
 RESULTS_FILE = "retrieve.json"
@@ -54,7 +56,7 @@ class RetrieveConfig:
   stories: stories.StoryConfig = option(pools.POOL_STORIES, "What the stories are drawn from.")
   distractors: tuple[int, ...] = option((0, 4, 16, 64), "Distractor stories per pool (the sweep).")
   modes: tuple[str, ...] = option(("retrieve", "random", "whole_pool"),
-                                  "Retrieval modes to train (attn.models.retriever.RETRIEVAL).")
+                                  "Retrieval modes to train (attn.apps.retrieve.retriever.RETRIEVAL).")
   top_k: int = option(2, "Passages (stories) read per question.")
   hops: int = option(2, "Reader hops (the questions need two supporting facts).")
   dim: int = option(32, "Embedding size d.")
@@ -116,7 +118,7 @@ def _loss(model, batch, key, retrieval_loss):
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=1)
 def _train_chunk(graphdef, state, data, key, n, chunk, batch_size, retrieval_loss):
-  """n <= chunk Adam steps in one compiled loop (as attn.inspection.focus); `data` is an
+  """n <= chunk Adam steps in one compiled loop (as attn.apps.focus.focus); `data` is an
   argument, not a closure, so it is not folded into the program as constants."""
 
   def step(i, carry):

@@ -38,7 +38,9 @@ import numpy as np
 
 from attn.evaluation import metrics as metrics_lib
 from attn.data.tokens import EOS, UNK
-from attn.training.task import TASKS, TranslationTask
+from attn.training.seq2seq_task import Seq2SeqTask
+
+_ROUGE = ("rouge1", "rouge2", "rougeL")
 
 
 def repeated_ngram_rate(outputs, n: int = 3) -> float:
@@ -77,11 +79,16 @@ def summary_rouge(hypotheses, targets, annotations) -> dict:
           "annotated_examples": len(keep)}
 
 
-@TASKS.register("summarize")
-class SummarizationTask(TranslationTask):
+class SummarizationTask(Seq2SeqTask):
   """Seq2seq summarization: ROUGE-1/2/L F1 against the annotations where a split has them and
   against the target (`summary_rouge`), and figures of how the outputs copy; the
-  pointer-generator and coverage train as in every task (attn.training.task)."""
+  pointer-generator and coverage train as in every task (attn.training.seq2seq_task)."""
+
+  scores = (*_ROUGE, *(f"{r}_max" for r in _ROUGE), *(f"{r}_subject" for r in _ROUGE))
+  figures = ("annotated_examples", "repeated_trigram_rate", "source_token_share",
+             "oov_in_references", "oov_recovered", "oov_copies", "copied_share", "mean_p_gen")
+  metrics = (*_ROUGE, "params", "tokens_per_sec", "wall_s")
+  columns = ("decoder", "score", "normalizer", "params", *_ROUGE, "tokens_per_sec", "wall_s")
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """`summary_rouge` of the decoded examples (`hyps`: example_id -> text, maybe a subset of

@@ -1,5 +1,5 @@
-"""The image captioning task: digit strips (attn.data.captions) captioned by the region CNN and a
-recurrent decoder (attn.models.captioner), in the same loop, workdir layout and resume as
+"""The image captioning task: digit strips (attn.apps.caption.captions) captioned by the region CNN and a
+recurrent decoder (attn.apps.caption.captioner), in the same loop, workdir layout and resume as
 translation.
 
 What differs from translation is only what the `Task` interface leaves to a task: the data
@@ -15,14 +15,14 @@ leaves its attention out (`aer_skips_unaligned`).
 
 from __future__ import annotations
 
-from attn.data import captions
+from attn.apps.caption import captions
 from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
 from attn.models import ModelConfig, match_param_count
-from attn.models.captioner import build_captioner
-from attn.training.task import TASKS, TranslationTask
+from attn.apps.caption.captioner import build_captioner
+from attn.training.seq2seq_task import Seq2SeqTask
 
-_CAPTION_VOCAB = 14  # 4 reserved ids and the 10 digits (attn.data.captions)
+_CAPTION_VOCAB = 14  # 4 reserved ids and the 10 digits (attn.apps.caption.captions)
 
 
 def digit_accuracy(hyps: list[str], refs: list[str]) -> float:
@@ -46,11 +46,17 @@ def by_digit_count(hyps: list[str], refs: list[str], metric) -> dict[str, float]
   return out
 
 
-@TASKS.register("caption")
-class CaptionTask(TranslationTask):
+class CaptionTask(Seq2SeqTask):
   """Caption digit strips: exact match and digit accuracy (by number of digits too); AER and
   attention on the gold cell."""
 
+  scores = ("digit_accuracy", "exact_match")
+  figures = ("aer", "attention_on_gold")
+  nested = ("exact_match_by_digits", "digit_accuracy_by_digits")
+  metrics = ("exact_match", "digit_accuracy", "aer", "attention_on_gold", "params", "wall_s")
+  columns = ("decoder", "score", "normalizer", "params", "exact_match", "digit_accuracy", "aer",
+             "attention_on_gold", "wall_s")
+  notes = (("exact_match_by_digits", "exact match by number of digits"),)
   aer_skips_unaligned = True
 
   def data_config(self, cfg):

@@ -1,0 +1,18 @@
+"""The applications, one package each (see docs/architectures.md, "Adding an application").
+
+Each package registers one `App` in `APPS` when imported; importing this package registers the
+built-in ones. A package's `__init__` imports nothing heavy: the task class is named as a string
+and imported when first used.
+
+- `translate`: seq2seq translation (RNN and Transformer) on text corpora and the built-in tasks;
+- `summarize`: summarization (attention, pointer-generator, coverage; ROUGE);
+- `caption`: image captioning, attention over image regions (digit strips);
+- `recommend`: next-item recommendation (self-attention, mean-pooling, GRU);
+- `retrieve`: retrieval, then read (two-hop questions in pools of distractor stories);
+- `focus`: the reading-focus demo (readers with each normalizer, their page).
+"""
+
+from attn.apps.registry import APPS, App, app, app_of_results
+from attn.apps import translate, summarize, caption, recommend, retrieve, focus  # noqa: F401  (register)
+
+__all__ = ["APPS", "App", "app", "app_of_results"]

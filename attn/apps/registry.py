@@ -1,0 +1,84 @@
+"""The registry of applications: one entry per application package under attn/apps/.
+
+An application is a folder (`attn/apps/<name>/`) holding its data source, model wiring, task,
+metrics, diagnosis hooks and defaults, and one `App` entry that names its task and its entry
+point. The shared layers (training loop, decoding, inspection, launching) find an application
+only through this registry: they never name one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from attn.errors import ConfigError
+from attn.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class App:
+  """One application.
+
+  module: the entry point `python -m` runs (e.g. "experiments.translate").
+  doc: one line for listings.
+  task: its task class (an `attn.training.Task` subclass), or "package.module:Class" to import
+    it when first asked for, so that listing applications imports no model code.
+  launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
+    and leaves results.json, whose fields the task declares (`Task.scores`, `figures`,
+    `nested`, `metrics`).
+  """
+  module: str
+  doc: str = ""
+  task: object = None
+  launchable: bool = True
+
+  @property
+  def task_class(self) -> type:
+    """The task class (imported on first use when `task` names it)."""
+    if isinstance(self.task, str):
+      module, _, name = self.task.partition(":")
+      return getattr(importlib.import_module(module), name)
+    return self.task
+
+  # What a finished run's results.json holds, as its task declares it.
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    """The results.json fields launch.py tabulates by default (the first is plotted)."""
+    return self.task_class.metrics
+
+  @property
+  def scores(self) -> tuple[str, ...]:
+    """The task's scores (each also `<name>_greedy` when a run decodes with a beam)."""
+    return self.task_class.scores
+
+  @property
+  def figures(self) -> tuple[str, ...]:
+    return self.task_class.figures
+
+  @property
+  def nested(self) -> tuple[str, ...]:
+    """Fields holding a dict (by bucket) or a list (by layer) of numbers."""
+    return self.task_class.nested
+
+  @property
+  def known_metrics(self) -> tuple[str, ...]:
+    """Every numeric field a finished run can have in results.json (the nested ones apart)."""
+    return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
+            + self.task_class.run_figures)
+
+
+APPS: Registry[App] = Registry("application", error=ConfigError)
+
+
+def app(name: str) -> App:
+  """The registered application `name`; ConfigError listing the known ones if none."""
+  return APPS.get(name)
+
+
+def app_of_results(fields) -> str | None:
+  """The launchable application whose first score is among `fields` (a results.json's or an
+  evaluation's keys), or None: each task's first score is its own."""
+  for name, entry in APPS.items():
+    if entry.launchable and entry.scores and entry.scores[0] in fields:
+      return name
+  return None
