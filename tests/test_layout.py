@@ -1,14 +1,16 @@
-"""The layering the README draws: attn/'s root holds the primitives only and they never import
-the application (its subpackages), kernels import nothing from attn, and the kernel benchmark runs
-with jax alone."""
+"""The layering the README and docs/architectures.md draw: attn/'s root holds the primitives only
+and they never import the rest of attn, the shared layers name no application (attn/apps/<name>/),
+kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APPLICATION = ("attn.apps", "attn.models", "attn.data", "attn.training", "attn.decoding", "attn.evaluation",
+APPLICATION = ("attn.apps", "attn.models", "attn.data", "attn.training", "attn.decoding",
+               "attn.evaluation",
                "attn.inspection", "attn.config", "attn.launching", "attn.benchmarks", "attn.common")
 # The primitives: scores, normalizers, scopes, masks and what composes them; the error types.
 PRIMITIVES = {"__init__", "banded", "core", "errors", "linear", "masks", "multihead",
@@ -75,3 +77,60 @@ def test_the_library_imports_no_entry_point_or_preset():
                    else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
         bad = [m for m in modules if m.split(".")[0] in ("experiments", "launch")]
         assert not bad, f"{os.path.relpath(path, REPO)} imports {bad}"
+
+
+# The shared layers: what every application uses. They find an application through the
+# registry (attn.apps.APPS, attn.apps.registry) and never import one.
+SHARED = ("attn.training", "attn.launching", "attn.inspection", "attn.models", "attn.data",
+          "attn.decoding", "attn.evaluation", "attn.benchmarks", "attn.common", "attn.config")
+# Modules outside attn/training that still step an optimizer of their own: the retrieve and
+# focus applications' sweeps of many small models (compiled loops of steps), the primitives'
+# associative-recall study and the primitives demo. The list may only shrink.
+OWN_STEPS = {"attn/apps/focus/focus.py", "attn/apps/retrieve/retrieve.py",
+             "attn/apps/recommend/recommendation.py", "attn/benchmarks/recall.py",
+             "experiments/demo.py"}
+
+
+def _imports(path):
+  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+    if isinstance(node, ast.ImportFrom):
+      yield node.module or "", [a.name for a in node.names]
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        yield a.name, []
+
+
+def _modules(*tops):
+  for top in tops:
+    for root, _, names in os.walk(os.path.join(REPO, *top.split("."))):
+      for name in sorted(n for n in names if n.endswith(".py")):
+        yield os.path.relpath(os.path.join(root, name), REPO)
+
+
+def test_the_shared_layers_name_no_application():
+  apps = sorted(n for n in os.listdir(os.path.join(REPO, "attn", "apps"))
+                if os.path.isfile(os.path.join(REPO, "attn", "apps", n, "__init__.py")))
+  assert apps == ["caption", "focus", "recommend", "retrieve", "summarize", "translate"]
+  bad = []
+  for path in _modules(*SHARED):
+    for module, names in _imports(os.path.join(REPO, path)):
+      named = [module] + [f"{module}.{n}" for n in names]
+      if any(m.startswith(f"attn.apps.{a}") for m in named for a in apps):
+        bad.append(f"{path} imports {module}")
+  assert not bad, bad
+
+
+def test_no_inspection_module_trains():
+  bad = [p for p in _modules("attn.inspection") if "optax" in open(os.path.join(REPO, p)).read()]
+  assert not bad, bad
+
+
+def test_optimizers_are_stepped_in_attn_training_only():
+  stepping = set()
+  for path in _modules("attn", "experiments"):
+    text = open(os.path.join(REPO, path), encoding="utf-8").read()
+    if re.search(r"\b(optimizer|opt)\.update\(|optax\.apply_updates\(", text):
+      stepping.add(path.replace(os.sep, "/"))
+  outside = {p for p in stepping if not p.startswith("attn/training/")}
+  assert outside <= OWN_STEPS, sorted(outside - OWN_STEPS)
+  assert "attn/training/loop.py" in stepping

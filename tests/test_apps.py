@@ -1,0 +1,99 @@
+"""Applications as units: one registry entry (attn.apps.APPS) makes a new application known to
+the training loop, launch.py's listings and metric checks, the results table and the run tools.
+The application below is defined and registered in this file alone."""
+
+import json
+import os
+
+import pytest
+
+from attn import apps, training
+from attn.launching import entry_points
+from attn.training.seq2seq_task import Seq2SeqTask
+from experiments.configs import translate as translate_config
+
+
+def last_word_accuracy(hyps, refs) -> float:
+  """Share of outputs whose last word is the reference's (an empty output has none)."""
+  hits = [bool(h.split()) and h.split()[-1] == r.split()[-1] for h, r in zip(hyps, refs)]
+  return sum(hits) / len(hits)
+
+
+class LastWordTask(Seq2SeqTask):
+  """A task of its own: the built-in copy data, scored by whether the last word is right."""
+  scores = ("last_word_accuracy",)
+  nested = ()
+  metrics = ("last_word_accuracy", "params")
+  columns = ("decoder", "params", "last_word_accuracy")
+
+  def score(self, bundle, role, hyps, src_lengths):
+    del src_lengths
+    refs = bundle.references(role)
+    ids = sorted(hyps)
+    return {"last_word_accuracy": last_word_accuracy([hyps[i] for i in ids],
+                                                     [refs[i] for i in ids])}
+
+  def selection_metrics(self, bundle):
+    return ("last_word_accuracy",)
+
+
+@pytest.fixture
+def last_word_app():
+  apps.APPS.add("last_word", apps.App("experiments.translate", "the last word, copied",
+                                      task=LastWordTask))
+  yield "last_word"
+  apps.APPS.remove("last_word")
+
+
+def _config():
+  c = translate_config.get_config("smoke")
+  c.data.task = "copy"
+  c.data.update(dict(min_len=2, max_len=5, task_vocab_size=5, train_size=128, eval_size=16,
+                     test_size=16, max_src_len=8, max_tgt_len=8, num_buckets=1, batch_size=32))
+  c.model.rnn.update(dict(emb_dim=8, enc_hidden=16, dec_hidden=16, d_attn=16))
+  c.train.update(dict(steps=6, learning_rate=1e-2, warmup_steps=2, eval_every=6,
+                      checkpoint_every=6, log_every=3, eval_decode_sentences=16))
+  return c
+
+
+def test_the_builtin_applications_are_registered_with_their_tasks():
+  assert set(apps.APPS.names()) == {"translate", "summarize", "caption", "recommend", "retrieve",
+                                    "focus"}
+  for name, app in apps.APPS.items():
+    assert app.module == f"experiments.{name}"
+    if app.launchable:  # the task declares its own first score, which no other task reports
+      firsts = [a.scores[0] for n, a in apps.APPS.items() if a.launchable and n != name]
+      assert app.scores and app.scores[0] not in firsts, name
+      assert set(app.metrics) <= set(app.known_metrics + app.nested), name
+
+
+def test_an_application_registered_in_one_place_trains_lists_and_tabulates(last_word_app,
+                                                                            tmp_path):
+  assert isinstance(training.get_task(last_word_app), LastWordTask)
+  assert last_word_app in entry_points.EXPERIMENTS.names()
+  assert entry_points.metrics(last_word_app) == ("last_word_accuracy", "params")
+  with pytest.raises(Exception, match="bleu is not in a last_word run's results"):
+    entry_points.metrics(last_word_app, ["bleu"])
+
+  workdir = str(tmp_path)
+  results = training.train_and_evaluate(_config(), workdir, task=last_word_app)
+  assert "bleu" not in results  # the task's own scores, not translation's
+  with open(os.path.join(workdir, "predictions.txt"), encoding="utf-8") as f:
+    hyps = f.read().splitlines()
+  run = training.load_run(workdir, task=last_word_app)
+  refs = run.bundle.references(results["split"])
+  assert len(hyps) == len(refs) == 16
+  assert results["last_word_accuracy"] == pytest.approx(last_word_accuracy(hyps, refs))
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    assert json.load(f)["last_word_accuracy"] == results["last_word_accuracy"]
+
+  # The run tools recognise the run by its task's scores; the table has the task's columns.
+  assert entry_points.experiment_of(workdir) == last_word_app
+  table = training.results_table([results])
+  assert table.splitlines()[0].split("|")[1:-1] == [
+      f" {c} " for c in ("decoder", "params", "last_word_accuracy")]
+
+
+def test_an_unknown_application_is_one_line_naming_the_known_ones():
+  with pytest.raises(Exception, match="unknown application 'nope'; known: caption, focus"):
+    training.get_task("nope")
