@@ -23,7 +23,13 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.launching import cli, entry_points
 
-AVERAGED_EXPERIMENTS = ("translate", "summarize")
+
+
+def averaged_experiments() -> tuple[str, ...]:
+  """The experiments whose runs are averaged here: those experiments.score scores again (their
+  task's `rescored` scores), which the averaged checkpoint is then scored with."""
+  return tuple(n for n, exp in entry_points.EXPERIMENTS.items()
+               if getattr(exp.task_class, "rescored", ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +56,7 @@ def _line(workdir: str, info: dict) -> str:
 def main(argv):
   del argv
   settings = cli.settings_from_flags(AverageSettings)
-  tasks = entry_points.finished_experiments(settings.workdirs, AVERAGED_EXPERIMENTS)
+  tasks = entry_points.finished_experiments(settings.workdirs, averaged_experiments())
   # pylint: disable-next=import-outside-toplevel  (after flag parsing: jax, the data libraries)
   from attn.training import averaging
   progress = functools.partial(print, flush=True)

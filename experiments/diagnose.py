@@ -3,8 +3,8 @@ r"""Can this run's attention be read as an explanation? Diagnose a finished run.
     python -m experiments.diagnose --workdir=workdirs/demo/decoder=bahdanau
     python -m experiments.diagnose --workdir=workdirs/rec_sasrec --max_examples=2000
 
-The run's recorded experiment (attn.launching.entry_points.experiment_of) picks the diagnosis
-from DIAGNOSES; every experiment without its own entry is a seq2seq task (translate,
+The run's recorded experiment (attn.launching.entry_points.experiment_of) picks the diagnosis:
+its application's hook (attn.apps.App.diagnose), else the seq2seq diagnosis (translate,
 summarize, caption).
 
 Seq2seq: loads the best checkpoint of a finished run (experiments/translate.py or
@@ -25,7 +25,7 @@ Recommend (experiments/recommend.py, model.kind=sasrec): the first --max_example
 --split (test or valid); the final position's attention (last block, head average) against
 gradient x input over the history items and the planted trigger, and the final position's
 attention row replaced by each intervention in every block at once, then in each block alone:
-the held-out item's log-probability and rank, HR@10, NDCG@10 (attn/inspection/
+the held-out item's log-probability and rank, HR@10, NDCG@10 (attn/apps/recommend/
 recommend_diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
 meanpool or gru run is refused in one line naming its model.kind; --ig_steps is seq2seq only.
 
@@ -36,19 +36,13 @@ import os
 
 from absl import flags
 
-from attn.errors import ConfigError
 from attn.inspection import outputs
 from attn.inspection.diagnosis import DiagnoseSettings
 from attn.launching import cli, entry_points, launchers
-from attn.registry import Registry
-
-# experiment name -> diagnose(settings, out, experiment) -> (report path, plot paths, table)
-DIAGNOSES = Registry("diagnosed experiment", error=ConfigError)
-SEQ2SEQ = "seq2seq"  # the entry of every experiment without its own
 
 
-@DIAGNOSES.register(SEQ2SEQ)
 def _seq2seq(settings, out, experiment):
+  """The diagnosis of a sequence-to-sequence run (every application without a hook of its own)."""
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
   from attn import training
   from attn.inspection import diagnosis, diagnosis_report
@@ -63,28 +57,14 @@ def _seq2seq(settings, out, experiment):
   return path, diagnosis_report.plots_of(diag.report), diagnosis_report.format_table(diag.report)
 
 
-@DIAGNOSES.register("recommend")
-def _recommend(settings, out, experiment):
-  del experiment
-  # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.recommend import recommend_diagnosis as rd
-  if settings.ig_steps:
-    raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
-                      "implemented for recommend runs; leave it at 0")
-  diag = rd.diagnose(rd.load_run(settings.workdir), split=settings.split,
-                     max_examples=settings.max_examples, seed=settings.seed,
-                     interventions=settings.interventions)
-  os.makedirs(out, exist_ok=True)
-  return rd.write(diag, out), rd.PLOTS, rd.format_table(diag.report)
-
-
 def main(argv):
   del argv
   settings = cli.settings_from_flags(DiagnoseSettings)
   out = outputs.output_dir(settings.out, settings.workdir, "diagnose.json and its plots")
   experiment = entry_points.experiment_of(settings.workdir) or "translate"  # its own task
-  diagnose = DIAGNOSES.get(experiment if experiment in DIAGNOSES else SEQ2SEQ)
-  path, plots, table = diagnose(settings, out, experiment)
+  hook = entry_points.experiment(experiment).diagnose_fn
+  path, plots, table = (hook(settings, out) if hook is not None
+                        else _seq2seq(settings, out, experiment))
   print(table)
   print(f"\nwrote {path} and {', '.join(plots)}")
 

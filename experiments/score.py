@@ -32,15 +32,17 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.launching import cli, entry_points
 
-# The experiments scored here, with the metrics their tables show (the first chooses decoding
-# settings on --tune_split): ROUGE against the test split's annotations (mean and best of them)
-# and against the sender's subject, attn.apps.summarize.summarization.
-TABLE_METRICS = {
-    "translate": ("bleu",),
-    "summarize": ("rouge1", "rouge2", "rougeL", "rouge1_max", "rouge2_max", "rougeL_max",
-                  "rouge1_subject", "rouge2_subject", "rougeL_subject"),
-}
-SCORED_EXPERIMENTS = tuple(TABLE_METRICS)
+
+
+def table_metrics() -> dict[str, tuple[str, ...]]:
+  """{experiment: the metrics its tables show} of the experiments scored here: those whose task
+  names them (`Seq2SeqTask.rescored`; the first chooses decoding settings on --tune_split)."""
+  out = {}
+  for name, exp in entry_points.EXPERIMENTS.items():
+    rescored = getattr(exp.task_class, "rescored", ())
+    if rescored:
+      out[name] = rescored
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +106,12 @@ def _grid(settings: ScoreSettings) -> dict:
 def main(argv):
   del argv
   settings = cli.settings_from_flags(ScoreSettings)
-  tasks = entry_points.finished_experiments(settings.workdirs, SCORED_EXPERIMENTS)
+  table = table_metrics()
+  tasks = entry_points.finished_experiments(settings.workdirs, tuple(table))
   # pylint: disable-next=import-outside-toplevel  (after flag parsing: jax, the data libraries)
   from attn.training import scoring, scoring_report
   progress = functools.partial(print, flush=True)
-  metrics = tuple(dict.fromkeys(m for t in tasks.values() for m in TABLE_METRICS[t]))
+  metrics = tuple(dict.fromkeys(m for t in tasks.values() for m in table[t]))
   grid = _grid(settings)
   rows, tuning = [], []
   for workdir, task in tasks.items():
@@ -118,7 +121,7 @@ def main(argv):
     search = {n: v[0] for n, v in grid.items()}
     if settings.tune_split:
       search, tried = scoring.tune_search(workdir, settings.tune_split, grid,
-                                          TABLE_METRICS[task][0], **common)
+                                          table[task][0], **common)
       tuning += tried
       progress(f"{workdir}: chosen on {settings.tune_split}: "
                + ", ".join(f"{n} {v:g}" for n, v in search.items()))

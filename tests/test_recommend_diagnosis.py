@@ -15,6 +15,7 @@ import pytest
 import scipy.stats
 from flax import nnx
 
+from attn import apps
 from attn.errors import ConfigError
 from attn.inspection import interventions
 from attn.apps.recommend import recommend_diagnosis as rd
@@ -90,7 +91,6 @@ def test_gradient_x_input_is_the_directional_derivative_along_each_items_embeddi
 
 
 def test_a_tiny_run_is_diagnosed_and_the_agreement_is_scipys_kendall_tau(tiny_run, tmp_path):
-  from experiments import diagnose
   from attn.inspection.diagnosis import DiagnoseSettings
   diag = rd.diagnose(rd.load_run(tiny_run), max_examples=50,
                      interventions=("identity", "uniform", "zero_top"))
@@ -109,10 +109,10 @@ def test_a_tiny_run_is_diagnosed_and_the_agreement_is_scipys_kendall_tau(tiny_ru
   assert 0 <= r["attention"]["argmax_is_trigger"] <= 1 and res["users"] >= 50
   # The final-position reading is the one results.json reports for the first 50 test users.
   assert r["attention"]["on_trigger_by_block"] == [pytest.approx(r["attention"]["on_trigger_mean"])]
-  # The entry point's dispatch writes the report and its plots where it is told.
+  # The application's diagnosis hook writes the report and its plots where it is told.
   settings = DiagnoseSettings(workdir=tiny_run, max_examples=20,
                               interventions=("identity", "uniform", "zero_top"))
-  path, plots, table = diagnose.DIAGNOSES.get("recommend")(settings, str(tmp_path), "recommend")
+  path, plots, table = apps.app("recommend").diagnose_fn(settings, str(tmp_path))
   assert json.load(open(path))["n_users"] == 20 and "zero_top" in table
   assert all((tmp_path / p).exists() for p in plots)
   with pytest.raises(ConfigError, match="--split=train: a recommend run is diagnosed on test or "
@@ -121,12 +121,11 @@ def test_a_tiny_run_is_diagnosed_and_the_agreement_is_scipys_kendall_tau(tiny_ru
 
 
 def test_integrated_gradients_are_refused_for_a_recommend_run(tmp_path):
-  from experiments import diagnose
   from attn.inspection.diagnosis import DiagnoseSettings
   with pytest.raises(ConfigError, match=r"^--ig_steps=8: integrated gradients are not "
                      "implemented for recommend runs; leave it at 0$"):
-    diagnose.DIAGNOSES.get("recommend")(DiagnoseSettings(workdir=str(tmp_path), ig_steps=8),
-                                        str(tmp_path), "recommend")
+    apps.app("recommend").diagnose_fn(DiagnoseSettings(workdir=str(tmp_path), ig_steps=8),
+                                      str(tmp_path))
   assert os.listdir(tmp_path) == []
 
 

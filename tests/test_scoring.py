@@ -239,7 +239,7 @@ def test_score_command_refuses_what_it_cannot_score(tmp_path):
   with pytest.raises(ConfigError, match="--beam_size must be >= 0"):
     score_cli.ScoreSettings(workdirs=("w",), beam_size=-1)
   with pytest.raises(ConfigError, match="has no results.json: not a finished run"):
-    score_cli.entry_points.finished_experiment(str(tmp_path), score_cli.SCORED_EXPERIMENTS)
+    score_cli.entry_points.finished_experiment(str(tmp_path), tuple(score_cli.table_metrics()))
 
 
 # -- data that moved keeps its vocabularies

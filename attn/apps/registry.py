@@ -26,19 +26,25 @@ class App:
   launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
     and leaves results.json, whose fields the task declares (`Task.scores`, `figures`,
     `nested`, `metrics`).
+  diagnose: `experiments.diagnose`'s hook for a finished run of this application,
+    `diagnose(settings: DiagnoseSettings, out: str) -> (report path, plot paths, table)` (or
+    "package.module:function"); None: the sequence-to-sequence diagnosis.
   """
   module: str
   doc: str = ""
   task: object = None
   launchable: bool = True
+  diagnose: object = None
 
   @property
   def task_class(self) -> type:
     """The task class (imported on first use when `task` names it)."""
-    if isinstance(self.task, str):
-      module, _, name = self.task.partition(":")
-      return getattr(importlib.import_module(module), name)
-    return self.task
+    return _resolve(self.task)
+
+  @property
+  def diagnose_fn(self):
+    """The diagnosis hook (imported on first use), or None."""
+    return _resolve(self.diagnose)
 
   # What a finished run's results.json holds, as its task declares it.
   @property
@@ -65,6 +71,14 @@ class App:
     """Every numeric field a finished run can have in results.json (the nested ones apart)."""
     return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
             + self.task_class.run_figures)
+
+
+def _resolve(ref):
+  """`ref` itself, or the object a "package.module:name" string names (imported now)."""
+  if isinstance(ref, str):
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+  return ref
 
 
 APPS: Registry[App] = Registry("application", error=ConfigError)

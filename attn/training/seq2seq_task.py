@@ -30,6 +30,10 @@ class Seq2SeqTask(Task):
   the loss of every such task (the pointer-generator's and coverage's included), decoding,
   attention and output text. Subclasses give `score` and `selection_metrics`."""
 
+  # The scores experiments.score tabulates when it scores finished runs again (other splits,
+  # checkpoints, averages; the first chooses decoding settings on --tune_split), and which
+  # experiments.average averages; () where neither takes the task's runs.
+  rescored: tuple[str, ...] = ()
   # Whether AER leaves out the attention of output tokens without a gold link (a caption's EOS,
   # which has no region to point at), rather than counting it as an error.
   aer_skips_unaligned = False

@@ -5,4 +5,5 @@ from attn.apps.registry import APPS, App
 
 APPS.add("recommend", App("experiments.recommend",
                           "next-item recommendation: self-attention, mean-pooling, GRU",
-                          task="attn.apps.recommend.recommendation:RecommendTask"))
+                          task="attn.apps.recommend.recommendation:RecommendTask",
+                          diagnose="attn.apps.recommend.recommend_diagnosis:diagnose_workdir"))

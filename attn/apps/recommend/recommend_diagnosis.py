@@ -305,3 +305,17 @@ def write(diag, directory) -> str:
   path = os.path.join(directory, "diagnose.json")
   files.write_json(path, diag.report)
   return path
+
+
+def diagnose_workdir(settings, out: str):
+  """`experiments.diagnose`'s hook (attn.apps.App.diagnose): the diagnosis of the finished run
+  in `settings.workdir` (DiagnoseSettings) written into `out`; (diagnose.json's path, the plot
+  file names, the printed table)."""
+  if settings.ig_steps:
+    raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
+                      "implemented for recommend runs; leave it at 0")
+  diag = diagnose(load_run(settings.workdir), split=settings.split,
+                  max_examples=settings.max_examples, seed=settings.seed,
+                  interventions=settings.interventions)
+  os.makedirs(out, exist_ok=True)
+  return write(diag, out), PLOTS, format_table(diag.report)

@@ -89,6 +89,8 @@ class SummarizationTask(Seq2SeqTask):
              "oov_in_references", "oov_recovered", "oov_copies", "copied_share", "mean_p_gen")
   metrics = (*_ROUGE, "params", "tokens_per_sec", "wall_s")
   columns = ("decoder", "score", "normalizer", "params", *_ROUGE, "tokens_per_sec", "wall_s")
+  # against the test split's annotations (mean and best of them) and the sender's subject
+  rescored = (*_ROUGE, *(f"{r}_max" for r in _ROUGE), *(f"{r}_subject" for r in _ROUGE))
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """`summary_rouge` of the decoded examples (`hyps`: example_id -> text, maybe a subset of

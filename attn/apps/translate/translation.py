@@ -19,6 +19,7 @@ class TranslationTask(Seq2SeqTask):
   columns = ("decoder", "score", "normalizer", "params", "bleu", "chrf", "exact_match",
              "tokens_per_sec", "wall_s")
   notes = (("exact_match_by_src_len", "exact match by source length"),)
+  rescored = ("bleu",)
 
   def score(self, bundle, role, hyps, src_lengths) -> dict:
     """BLEU/chrF for text tasks, exact match (+ per source-length bucket) for built-in tasks."""
