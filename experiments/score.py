@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from absl import flags
 
@@ -90,6 +91,8 @@ class ScoreSettings:
     if self.tune_split and self.tune_split in self.splits:
       raise ConfigError(f"--tune_split={self.tune_split} is also in --splits: the settings would "
                         "be chosen on the split they are scored on")
+    if not all(math.isfinite(x) for x in self.length_penalty):
+      raise ConfigError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
     if any(x < 0 for x in self.length_penalty) or any(x < 1 for x in self.min_decode_len):
       raise ConfigError(f"--length_penalty must be >= 0 and --min_decode_len >= 1, got "
                         f"{self.length_penalty} and {self.min_decode_len}")
@@ -110,6 +113,7 @@ def main(argv):
   tasks = entry_points.finished_experiments(settings.workdirs, tuple(table))
   # pylint: disable-next=import-outside-toplevel  (after flag parsing: jax, the data libraries)
   from attn.training import scoring, scoring_report
+  scoring.check_tune_split(tasks, settings.tune_split, settings.splits)
   progress = functools.partial(print, flush=True)
   metrics = tuple(dict.fromkeys(m for t in tasks.values() for m in table[t]))
   grid = _grid(settings)

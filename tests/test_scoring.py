@@ -279,3 +279,74 @@ def test_vocab_check_accepts_moved_data_and_refuses_other_data(tmp_path):
   vocab_record.check(cfg(moved), source, str(workdir))  # the same files elsewhere: accepted
   with pytest.raises(DataError, match="data.dir=.*old.* there, .*other.* here"):
     vocab_record.check(cfg(other), source, str(workdir))
+
+
+# -- a cached decoding is keyed by what it depends on
+
+
+def _corpus(directory, test_lines):
+  """A parallel_text corpus in `directory`: 64 training pairs (the same in every corpus made
+  here, so a run's vocabularies accept any of them), 8 validation pairs, `test_lines` test pairs."""
+  os.makedirs(directory, exist_ok=True)
+  words = ["ein", "hund", "katze", "haus", "baum", "rot", "blau", "gross"]
+  pairs = lambda n, off: [" ".join(words[(i + j + off) % 8] for j in range(3)) for i in range(n)]
+  for split, lines in (("train", pairs(64, 0)), ("val", pairs(8, 1)),
+                       ("test", pairs(test_lines, 2))):
+    for lang in ("de", "en"):
+      with open(os.path.join(directory, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def test_a_cached_decoding_is_not_reused_for_other_data(tmp_path, monkeypatch):
+  small, large, workdir = (str(tmp_path / n) for n in ("small", "large", "wd"))
+  _corpus(small, 6)
+  _corpus(large, 13)
+  config = translate_config.get_config("smoke")
+  config.data.update(dict(task="parallel_text", dir=small, src_lang="de", tgt_lang="en",
+                          train_split="train", eval_split="val", test_split="test",
+                          num_buckets=1, cache_dir=str(tmp_path / "cache")))
+  config.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1))
+  training.train_and_evaluate(config, workdir)
+  on_small = scoring.score_workdir(workdir, which="best")
+  assert on_small[0]["sentences"] == 6
+  # The other directory's test split: decoded, not the small one's cached scores.
+  on_large = scoring.score_workdir(workdir, which="best", data_dir=large)
+  assert on_large[0]["sentences"] == 13
+  # Each is decoded again when the data it was cached for changed under it...
+  _corpus(large, 11)
+  assert scoring.score_workdir(workdir, which="best", data_dir=large)[0]["sentences"] == 11
+  assert scoring.score_workdir(workdir, which="best")[0]["sentences"] == 6
+  # ... and read back, not decoded again, while nothing changed.
+  def refuse(*a, **k):
+    raise AssertionError("decoded again")
+  monkeypatch.setattr(evaluation, "decode_split", refuse)
+  assert scoring.score_workdir(workdir, which="best")[0]["sentences"] == 6
+
+
+def test_tuning_on_the_split_scored_by_default_is_refused(marked_run):
+  workdir, _ = marked_run
+  recorded = json.loads(open(os.path.join(workdir, "config.json")).read())["data"]
+  with pytest.raises(ConfigError, match=rf"--tune_split={recorded['test_split']} is what .* is "
+                     "scored on, its own test split"):
+    scoring.check_tune_split([workdir], recorded["test_split"])
+  with pytest.raises(ConfigError, match="scored on, --splits"):
+    scoring.check_tune_split([workdir], "dev", ("dev",))
+  scoring.check_tune_split([workdir], recorded["eval_split"])  # another split: accepted
+  scoring.check_tune_split([workdir], recorded["test_split"], (recorded["eval_split"],))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_length_penalty_that_is_not_a_number_is_refused(bad):
+  with pytest.raises(ConfigError, match="--length_penalty must be finite numbers"):
+    score_cli.ScoreSettings(workdirs=("w",), length_penalty=(bad, 0.6), tune_split="dev")
+  with pytest.raises(ConfigError, match=r"train.length_penalty=(nan|-?inf) must be a finite"):
+    TrainConfig(length_penalty=bad)
+  with pytest.raises(ConfigError, match=r"train.max_decode_ratio=(nan|-?inf) must be a finite"):
+    TrainConfig(max_decode_ratio=bad)
+
+
+def test_a_min_decode_len_no_output_can_reach_is_one_line(marked_run):
+  workdir, _ = marked_run
+  with pytest.raises(ConfigError, match=r"^min_decode_len=500 is over the \d+ tokens decoded "
+                     r"for the test split's sources of \d+ tokens \(train.max_decode_ratio="):
+    scoring.score_workdir(workdir, which="best", search={"min_decode_len": 500})

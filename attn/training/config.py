@@ -4,6 +4,7 @@ optimizer built from it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import optax
@@ -91,6 +92,10 @@ class TrainConfig:
       if not ok:
         raise ConfigError(f"train.{msg}")
 
+    for field in dataclasses.fields(self):  # nan and inf pass every comparison below or none
+      value = getattr(self, field.name)
+      check(not isinstance(value, float) or math.isfinite(value),
+            f"{field.name}={value} must be a finite number")
     check(self.schedule in _SCHEDULES,
           f"schedule={self.schedule!r} unknown; known: {', '.join(sorted(_SCHEDULES))}")
     check(self.steps >= 1, f"steps={self.steps} must be >= 1")
@@ -118,6 +123,7 @@ class TrainConfig:
     check(self.max_decode_ratio > 0, f"max_decode_ratio={self.max_decode_ratio} must be > 0")
     for name in ("max_decode_len", "min_decode_len", "block_repeat_ngram"):
       check(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
+    check(self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0")
     check(self.coverage_penalty >= 0, f"coverage_penalty={self.coverage_penalty} must be >= 0")
     check(self.beam_stop in STOP_RULES,
           f"beam_stop={self.beam_stop!r} unknown; known: {', '.join(STOP_RULES)}")

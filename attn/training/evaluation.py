@@ -18,6 +18,7 @@ from flax import nnx
 from attn.common import files
 from attn.common.files import atomic_path
 from attn.common.jitting import jitted
+from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
 from attn.training import distributed
@@ -82,6 +83,22 @@ class Outputs:
   extras: dict = dataclasses.field(default_factory=dict)
 
 
+def check_min_len(run, role, search, max_len: int, width: int) -> None:
+  """ConfigError when no output of a batch of `role` with sources `width` tokens wide could end:
+  the search's min_len (train.min_decode_len) is over the most tokens decoded for it."""
+  longest = getattr(run.model, "longest_output", None)
+  if longest is not None:
+    max_len = min(max_len, longest)
+  if search.min_len > max_len:
+    tc = run.tc
+    raise ConfigError(
+        f"min_decode_len={search.min_len} is over the {max_len} tokens decoded for the {role} "
+        f"split's sources of {width} tokens (train.max_decode_ratio={tc.max_decode_ratio:g} x "
+        f"{width} + 10" + (f", train.max_decode_len={tc.max_decode_len}" if tc.max_decode_len
+                           else "") + (f", the model's {longest} positions" if longest else "")
+        + "): no output could end; lower it or raise train.max_decode_ratio")
+
+
 def dispatch_split(run, role, *, search, max_sentences=None, params=None):
   """[(host batch, DecodeOutput on the device)] for `role` (or its first batches holding
   `max_sentences` examples), every batch dispatched before any output is waited for, so the
@@ -90,8 +107,9 @@ def dispatch_split(run, role, *, search, max_sentences=None, params=None):
   graphdef, params = params or params_view(run)
   out, seen = [], 0
   for batch in run.bundle.batches(role):
-    fn = jitted(decode_batch, run.task, graphdef,
-                max_len=run.tc.max_output_len(batch["src"].shape[1]), search=search)
+    max_len = run.tc.max_output_len(batch["src"].shape[1])
+    check_min_len(run, role, search, max_len, batch["src"].shape[1])
+    fn = jitted(decode_batch, run.task, graphdef, max_len=max_len, search=search)
     out.append((batch, fn(params, decode_inputs(batch))))
     seen += int(np.sum(batch["example_id"] >= 0))
     if max_sentences and seen >= max_sentences:

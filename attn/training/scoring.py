@@ -11,7 +11,9 @@ time. The checkpoint of each row was chosen on the eval split only.
 
 Each (checkpoint, split, beam) is decoded once: its scores go to
 `<workdir>/scores/<checkpoint>/<split>.beam<K>.json` (and its outputs to `.txt`), which a rerun
-reads instead of decoding again (`force=True` decodes again).
+reads instead of decoding again (`force=True` decodes again), but only while everything the
+decoding depends on is the same (`decoding_key`: the data settings and the data directory's
+files, the split, the checkpoint's step, the decoding settings and the length buckets).
 
 A row: workdir, checkpoint ("best", "wall_600s"), step (the checkpoint's), wall_s (the run's
 training time when the mark was passed; for best/, at the best step), split, beam_size, sentences, the task's
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import os
 from typing import Callable
@@ -92,6 +95,50 @@ def _cache_path(workdir: str, kept: Kept, split: str, beam_size: int, ext: str,
   return os.path.join(workdir, "scores", kept.name, f"{split}.beam{beam_size}{settings}.{ext}")
 
 
+def _best_step(workdir: str) -> int | None:
+  """The step best/ holds (its step directory's name), or None when it holds none."""
+  try:
+    steps = [int(n) for n in os.listdir(os.path.join(workdir, "best")) if n.isdigit()]
+  except OSError:
+    return None
+  return max(steps, default=None)
+
+
+def _files_of(directory: str) -> list:
+  """[relative path, size, mtime in ns] of every file under `directory` (sorted; [] when it is
+  not a directory): a change to any data file changes the list."""
+  out = []
+  for root, dirs, names in os.walk(directory):
+    dirs.sort()
+    for name in sorted(names):
+      st = os.stat(os.path.join(root, name))
+      out.append([os.path.relpath(os.path.join(root, name), directory), st.st_size,
+                  st.st_mtime_ns])
+  return out
+
+
+def decoding_key(workdir: str, kept: Kept, split: str, beam_size: int, overrides: dict,
+                 buckets) -> dict:
+  """Everything a cached decoding of `workdir` depends on, as JSON: the run's data settings with
+  `overrides` ({"data.dir": ..., "train.length_penalty": ...}) applied, the absolute data
+  directory and its files (`_files_of`), the split, the checkpoint (name and step), the decoding
+  settings (the train section with `overrides`), the beam and the length buckets. A cached
+  decoding is read back only under an equal key."""
+  recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
+  sections = {s: dict(recorded.get(s, {})) for s in ("data", "train")}
+  for path, value in overrides.items():
+    section, field = path.split(".")
+    sections[section][field] = value
+  data_dir = sections["data"].get("dir") or ""
+  data_dir = os.path.abspath(data_dir) if data_dir else ""
+  step = kept.step if kept.step is not None else _best_step(workdir)
+  return json.loads(json.dumps({
+      "data": sections["data"], "data_dir": data_dir,
+      "data_files": _files_of(data_dir) if data_dir else [], "split": split,
+      "checkpoint": [kept.name, step], "train": sections["train"], "beam_size": beam_size,
+      "buckets": list(buckets)}, sort_keys=True))
+
+
 def bucket_edges(lengths, width: int, min_count: int) -> list[int]:
   """Edges [e_0, ..., e_n] of buckets `width` wide over `lengths`, the sparse ends merged into
   their neighbours until the first and the last bucket hold at least `min_count` lengths (or one
@@ -138,18 +185,19 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
   search = dict(search or {})
   kept = kept_checkpoints(workdir, which)
   recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
-  splits = tuple(splits) or (recorded.get("data", {}).get("test_split", ""),)
+  splits = scored_splits(workdir, splits)
   beam = beam_size or int(recorded.get("train", {}).get("beam_size", 1))
   rows = []
   for split in splits:
+    overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam,
+                 **{f"train.{k}": v for k, v in search.items()}}
+    if data_dir:
+      overrides["data.dir"] = data_dir
+    keys = {k.name: decoding_key(workdir, k, split, beam, overrides, buckets) for k in kept}
     pending = [k for k in kept if force or (files.read_json(_cache_path(
-        workdir, k, split, beam, "json", search)) or {}).get("buckets") != list(buckets)]
+        workdir, k, split, beam, "json", search)) or {}).get("key") != keys[k.name]]
     run = None
     if pending:
-      overrides = {"data.test_split": split, "data.eval_split": "", "train.beam_size": beam,
-                   **{f"train.{k}": v for k, v in search.items()}}
-      if data_dir:
-        overrides["data.dir"] = data_dir
       # Loaded with the first checkpoint to decode; each later one is restored into the same
       # run, so its decoding functions compile once per split.
       run = load_run(workdir, task, overrides=overrides, checkpoint_dir=pending[0].directory)
@@ -160,12 +208,13 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
           restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
         scores, outputs = _decode_and_score(run, buckets)
         scores.update(buckets=list(buckets), step=run.step if k.step is None else k.step,
-                      wall_s=run.wall_s if k.wall_s is None else k.wall_s)
+                      wall_s=run.wall_s if k.wall_s is None else k.wall_s, key=keys[k.name])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         files.write_text(_cache_path(workdir, k, split, beam, "txt", search),
                          "".join(o + "\n" for o in outputs))
         files.write_json(path, scores)
       scores = files.read_json(path)
+      scores.pop("key")
       row = {"workdir": workdir, "checkpoint": k.name, "split": split, "beam_size": beam,
              **search, **scores}
       progress(f"{workdir} {k.name} (step {row['step']}, {row['wall_s'] / 60:.1f} min) {split} "
@@ -173,6 +222,24 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
                + ", ".join(f"{m} {row[m]:.2f}" for m in SHOWN if m in row))
       rows.append(row)
   return rows
+
+
+def scored_splits(workdir: str, splits=()) -> tuple[str, ...]:
+  """The splits `score_workdir` scores: `splits`, or the run's recorded data.test_split."""
+  recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
+  return tuple(splits) or (recorded.get("data", {}).get("test_split", ""),)
+
+
+def check_tune_split(workdirs, tune_split: str, splits=()) -> None:
+  """ConfigError when `tune_split` is among the splits a run is scored on (its recorded test
+  split when `splits` is empty): the settings would be chosen on the split they are scored on."""
+  for workdir in workdirs:
+    if tune_split and tune_split in scored_splits(workdir, splits):
+      given = ("--splits" if splits else
+               "its own test split (data.test_split), which is scored when --splits is not given")
+      raise ConfigError(f"--tune_split={tune_split} is what {workdir} is scored on, {given}: "
+                        "the settings would be chosen on the split they are scored on; tune on "
+                        "another split (e.g. the dev split) or name other --splits")
 
 
 def tune_search(workdir: str, split: str, grid: dict, metric: str, **kw) -> tuple[dict, list]:
