@@ -43,9 +43,15 @@ browser:
 # Test files are spread over PYTEST_WORKERS processes (pytest-xdist), each file kept in one
 # worker so its module fixtures (a trained run several tests read) are built once. Most tests are
 # bound by single-threaded XLA compilation, so two workers use both cores of a CI machine.
+# A test that hangs fails after PYTEST_TIMEOUT seconds (pytest-timeout), a worker that dies is
+# replaced at most twice, and the whole run is stopped after SUITE_TIMEOUT: a crash fails the
+# suite within minutes instead of hanging it.
 PYTEST_WORKERS ?= 2
+PYTEST_TIMEOUT ?= 900
+SUITE_TIMEOUT ?= 3600
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist=loadfile $(PYTEST_ARGS)
+	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
 
 # On a GPU (under 8 minutes on an H200): both fused kernels against the float64 references on
 # the device, then the speed table against cuDNN, XLA and JAX's Pallas attention, written under

@@ -88,6 +88,36 @@ def test_a_second_process_loads_the_program_the_first_compiled(tmp_path):
   assert second["programs"] == first["programs"]  # a load is counted as the program it replaces
 
 
+def test_processes_sharing_a_directory_take_its_lock_and_agree(tmp_path):
+  """Four processes compile the same programs into one new directory at once: every read and
+  write of an entry holds the directory's lock (JAX takes it only for a cache with a size
+  limit), and each process computes what a process without the cache computes."""
+  cache = str(tmp_path / "xla")
+  env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  procs = [subprocess.Popen([sys.executable, "-c", _PROGRAM, cache], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(4)]
+  outs = []
+  for p in procs:
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr[-2000:]
+    outs.append(json.loads(stdout.strip().splitlines()[-1]))
+  alone = _program("", tmp_path)
+  assert {o["out"] for o in outs} == {alone["out"]}
+  assert os.path.exists(os.path.join(cache, ".lockfile"))
+  assert sum(o["written"] for o in outs) >= 1
+
+
+def test_the_cache_has_a_size_limit_so_jax_locks_it(tmp_path):
+  code = ("import jax; from attn.common import compile_cache; "
+          f"compile_cache.enable({str(tmp_path)!r}); "
+          "print(jax.config.jax_compilation_cache_max_size)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout
+  assert int(out.split()[-1]) == compile_cache.MAX_BYTES > 0
+
+
 def test_off_writes_nothing(tmp_path):
   out = _program("", tmp_path)
   assert out["dir"] is None and out["loaded"] == out["written"] == 0

@@ -15,7 +15,16 @@ the jax and jaxlib versions, the backend, the devices and the XLA flags, so an e
 loaded by the program it was compiled from. Programs that compile in under a second are not
 written (JAX's threshold, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS): loading them would save
 little. Nor does JAX keep a program that calls back into Python (the Transformer decoder's
-cache-overrun check): those compile in every process. The directory grows with every new shape and model; delete it to reclaim the space.
+cache-overrun check): those compile in every process.
+
+Several processes share one directory (a sweep's runs, `launch --parallel`, the test suite's
+workers and subprocesses). JAX's file cache takes its lock (a `filelock` on `<dir>/.lockfile`)
+only when the cache has a size limit; without one, two processes compiling the same program both
+write its entry, each truncating the file the other is writing, while a third may read it
+half-written. A compressor without a checksum (zstandard, where installed) then hands damaged
+bytes to XLA's deserializer, which aborts the process. So the cache always has a limit,
+MAX_BYTES (least recently used entries are evicted past it), and every read and write holds the
+lock. An entry left short by a killed process fails to decompress and is compiled again.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import os
 import threading
 
 ENV = "ATTN_COMPILE_CACHE"
+# The cache's size limit: what turns JAX's inter-process lock on, and bounds the directory.
+MAX_BYTES = 4 << 30
 OFF = ("off", "none", "0", "false", "")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # compiles and cache loads alike
@@ -131,4 +142,5 @@ def enable(directory: str | None = None) -> str | None:
   except OSError:
     return None  # a read-only home: run without the cache rather than fail
   jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)  # the lock (module docstring)
   return directory
