@@ -149,3 +149,34 @@ def test_every_target_names_its_tiles_for_the_kernels_it_runs():
   assert set(TARGETS.auto("pallas")) == {"cuda", "rocm", "tpu"}
   np.testing.assert_equal(TARGETS.get("tpu").tiles("flash_attention").block_q, 512)
 
+
+# ----------------------------------------------------------------------------------------------
+# A model selects a target through `fused` (True = "auto").
+
+
+def test_attend_and_multihead_run_the_named_target(toy_targets, monkeypatch):
+  import attn  # pylint: disable=import-outside-toplevel
+  del toy_targets
+  seen = []
+  real = kernels._common.blocked_attention
+  monkeypatch.setattr(kernels._common, "blocked_attention",
+                      lambda *a, **kw: seen.append(kw["block_q"]) or real(*a, **kw))
+  q = jax.random.normal(jax.random.PRNGKey(0), (2, 40, 16))
+  ref, _ = attn.attend(None, q, q, q, score="scaled_dot")
+  got, w = attn.attend(None, q, q, q, score="scaled_dot", fused="toy_blocked")
+  assert w is None and seen == [16]
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  params = attn.init_multihead(jax.random.PRNGKey(1), 16, num_heads=2)
+  a, _ = attn.multihead(params, q, num_heads=2, fused=True)
+  b, _ = attn.multihead(params, q, num_heads=2, fused="toy_blocked")
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  assert seen == [16, 512, 16]  # True: "auto", here cpu_blocked's tiles
+
+
+def test_model_fused_takes_true_false_or_a_target_name():
+  from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from attn.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  for fused in (True, False, "auto", "triton", "cpu_blocked"):
+    assert ModelConfig(src_vocab=5, tgt_vocab=5, arch="transformer", fused=fused).fused == fused
+  with pytest.raises(ConfigError, match=r"^model.fused names no kernel target: 'cuda'; known: "):
+    ModelConfig(src_vocab=5, tgt_vocab=5, arch="transformer", fused="cuda")
