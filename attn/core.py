@@ -102,19 +102,28 @@ def fused_unsupported(score, normalizer="softmax", scope="global", mask=None) ->
   return None
 
 
-def fused_heads(score, params, q, kp, v, *, temperature=1.0, causal=False, key_lengths=None):
+def fused_target(fused) -> str:
+  """The kernel target of a truthy `fused` argument: True -> "auto", a target name -> itself
+  (`kernels.targets`; unknown names fail there with the known ones)."""
+  return "auto" if fused is True else str(fused)
+
+
+def fused_heads(score, params, q, kp, v, *, temperature=1.0, causal=False, key_lengths=None,
+                target="auto"):
   """Score `score`'s fused kernel over all heads in one call (no [Tq, Tk] tensor is formed).
 
   q: [..., H, Tq, dq], kp: [..., H, Tk, dk'] (prepared keys), v: [..., H, Tk, dv]; params
   stacked on a leading H axis (or None); key_lengths: [...] valid keys, shared by the heads.
+  target: the kernel target ("auto": the platform's).
   Returns context [..., H, Tq, dv]; a query with no valid key gets a zero context.
   """
   lead = jnp.broadcast_shapes(q.shape[:-3], kp.shape[:-3], v.shape[:-3])
   flat = lambda x: jnp.broadcast_to(x, lead + x.shape[-3:]).reshape((-1,) + x.shape[-3:])
   if key_lengths is not None:
     key_lengths = jnp.broadcast_to(key_lengths, lead).reshape(-1).astype(jnp.int32)
+  extra = {} if target == "auto" else {"target": target}
   ctx = get(score, "score").fused(params, flat(q), flat(kp), flat(v), temperature=temperature,
-                                  causal=causal, key_lengths=key_lengths)  # [N, H, Tq, dv]
+                                  causal=causal, key_lengths=key_lengths, **extra)  # [N, H, Tq, dv]
   return ctx.reshape(lead + ctx.shape[1:])
 
 
@@ -139,7 +148,8 @@ def attend(params, q, k, v, *, score="dot", normalizer="softmax", mask=None, tem
   keys_prepared: k is already `prepare_keys(score, params, k)` (decoders do this once per source).
   key_lengths: [...] valid keys per sequence (a padding mask; combined with `mask`).
   fused: run the score's fused kernel (registry entry `fused`: kernels.attention for
-    dot/scaled_dot, kernels.additive_attention for additive): O(T) memory, weights=None. Needs softmax, the global scope and padding given
+    dot/scaled_dot, kernels.additive_attention for additive): O(T) memory, weights=None. True
+    runs kernel target "auto"; a target name (`kernels.targets`, e.g. "triton") runs that one. Needs softmax, the global scope and padding given
     as key_lengths (mask=None); the same zero context for rows with no valid key.
   return_scores: also return the raw scores e [..., Tq, Tk] (before the temperature and the
     normalizer; -inf where the mask, causality or the scope forbid attending), so that
@@ -172,7 +182,8 @@ def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, sc
     one_head = lambda x: x[..., None, :, :]  # [..., 1, T, d]
     params = jax.tree.map(lambda p: p[None], params)  # a leading H = 1 axis
     ctx = fused_heads(score, params, one_head(q), one_head(kp), one_head(v),
-                      temperature=temperature, causal=causal, key_lengths=key_lengths)
+                      temperature=temperature, causal=causal, key_lengths=key_lengths,
+                      target=fused_target(fused))
     return ctx[..., 0, :, :], None, None
   if key_lengths is not None:
     mask = masks_lib.combine(mask, masks_lib.lengths_to_mask(key_lengths, k.shape[-2])[..., None, :])

@@ -60,7 +60,8 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
   mask: bool broadcastable to [..., Tq, Tk] (shared by all heads); causal: top-left aligned.
   key_lengths: [...] valid keys per sequence (padding; combined with mask).
   fused: all heads through the score's fused kernel in one call: O(T) memory for long
-    sequences, weights=None; needs padding as key_lengths rather than a mask.
+    sequences, weights=None; needs padding as key_lengths rather than a mask. True runs kernel
+    target "auto", a target name (`kernels.targets`) that target.
   Projections, scores, softmaxes and the output projection accumulate in accum_dtype: float32,
   or float64 for float64 inputs (which stay float64-accurate end to end).
   Returns (out [..., Tq, d_out] in x_q's dtype, weights [..., H, Tq, Tk] per head in the
@@ -88,7 +89,8 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
     kp = jax.vmap(functools.partial(core.prepare_keys, score), in_axes=(head_axis(score_params), -3),
                   out_axes=-3)(score_params, k)
     ctx = core.fused_heads(score, score_params, q, kp, v, temperature=temperature, causal=causal,
-                           key_lengths=key_lengths)  # [..., H, Tq, dh]
+                           key_lengths=key_lengths,
+                           target=core.fused_target(fused))  # [..., H, Tq, dh]
     w = None
   else:
     def one_head(sp, cp, q, k, v, mask):

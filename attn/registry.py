@@ -115,7 +115,8 @@ class Variant:
   fused: for scores, the fused-kernel form of score → softmax → weighted sum,
     `fused(params, q, kp, v, *, temperature, causal, key_lengths) -> context`, head-major:
     q: [N, H, Tq, dq], kp (prepared keys): [N, H, Tk, dk'], v: [N, H, Tk, dv], params stacked on
-    a leading H axis, key_lengths: [N] int32 or None; context [N, H, Tq, dv]. None: no kernel.
+    a leading H axis, key_lengths: [N] int32 or None; context [N, H, Tq, dv]; an optional
+    `target=` names the kernel target (`kernels.targets`; "auto" when absent). None: no kernel.
   cost: for scores, `cost(dq, dk, d_attn) -> ScoreCost` (matmul FLOPs per key, per query and per
     query-key pair), used by benchmarks' analytic FLOP counts.
   positional: for scores, True when e_ij depends on where key j sits, not only on the query and

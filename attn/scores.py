@@ -37,13 +37,14 @@ def _heads_last(x):  # [N, H, T, d] <-> [N, T, H, d], the kernels' layout
 def _dot_product_fused(scale_of):
   """Fused form of a dot-product score: kernels.attention with the score's scale folded into q."""
 
-  def fused(params, q, kp, v, *, temperature, causal, key_lengths):
+  def fused(params, q, kp, v, *, temperature, causal, key_lengths, target="auto"):
     del params
     import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
     # temperature may be traced while the kernel's scale is static: fold both into q.
     scale = scale_of(q.shape[-1]) / temperature
     ctx = kernels.attention(_heads_last((q * scale).astype(q.dtype)), _heads_last(kp),
-                            _heads_last(v), key_lengths=key_lengths, causal=causal, scale=1.0)
+                            _heads_last(v), key_lengths=key_lengths, causal=causal, scale=1.0,
+                            target=target)
     return _heads_last(ctx)
 
   return fused
@@ -122,14 +123,14 @@ def additive_keys(params, k):
                     preferred_element_type=accum_dtype(k))
 
 
-def additive_fused(params, q, kp, v, *, temperature, causal, key_lengths):
+def additive_fused(params, q, kp, v, *, temperature, causal, key_lengths, target="auto"):
   """kernels.additive_attention: the [Tq, Tk, d_attn] tanh tensor is never formed."""
   import kernels  # pylint: disable=import-outside-toplevel  (attn/ imports without kernels/)
   W, b = params["W"].astype(q.dtype), params["b"].astype(q.dtype)  # [H, dq, da], [H, da]
   qp = jnp.einsum("nhqd,hda->nhqa", q, W) + b[:, None, :]  # [N, H, Tq, da]
   ctx = kernels.additive_attention(
       _heads_last(qp), _heads_last(kp.astype(q.dtype)), (params["v"] / temperature).astype(q.dtype),
-      _heads_last(v), key_lengths=key_lengths, causal=causal)
+      _heads_last(v), key_lengths=key_lengths, causal=causal, target=target)
   return _heads_last(ctx)
 
 

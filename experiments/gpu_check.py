@@ -7,7 +7,7 @@ then the speed table against cuDNN, XLA and JAX's own Pallas GPU attention.
 (a) Correctness: kernels.attention and kernels.additive_attention (implementation="pallas",
 compiled; interpret mode in the dry run), bf16 and f32, d 64 and 128, odd lengths, padded keys
 and queries, a batch row with no keys, causal, forward (out, lse) and every gradient; on Hopper
-also kernels.attention with gpu_lowering="mosaic" (its Mosaic GPU forward, bf16; in the dry run
+also kernels.attention with target="mosaic_gpu" (its Mosaic GPU forward, bf16; in the dry run
 through the Mosaic GPU interpreter); all against the
 float64 NumPy references with the kernel tests' tolerance rule (tests/kernel_cases.py: at most
 twice the dense "xla" implementation's error on the same device, plus a floor). One line per case;
@@ -45,7 +45,7 @@ DRY_SWEEP = ((64, 1), (128, 1))
 PEERS = ("pallas", "pallas_mosaic", "cudnn", "xla", "jax_triton")
 # Part (a)'s kernels: (the kernel whose inputs and reference apply, options of its pallas run).
 # dot_mosaic is the dot kernel's Mosaic GPU forward (Hopper) with its Triton backward.
-KERNEL_RUNS = {"dot": ("dot", {}), "dot_mosaic": ("dot", {"gpu_lowering": "mosaic"}),
+KERNEL_RUNS = {"dot": ("dot", {}), "dot_mosaic": ("dot", {"target": "mosaic_gpu"}),
                "additive": ("additive", {})}
 
 

@@ -1,7 +1,8 @@
 """Pieces shared by the fused attention kernels: block sizes, masks, the online softmax, Pallas
-helpers (dots, loop bounds, BlockSpecs, `call_kernel` with optional NaN-poisoned outputs), and the
-two non-Pallas implementations every kernel also offers. `kernels/_skeleton.py` wires them into
-the custom_vjp, padding and dispatch that every kernel runs through.
+helpers (dots, loop bounds, the lengths operand), and the two non-Pallas implementations every
+kernel also offers. `kernels/_skeleton.py` wires them into the custom_vjp, padding and dispatch
+that every kernel runs through; launches, grids and BlockSpecs are the targets'
+(`kernels/targets/`).
 
 - `blocked_attention`: the exact, memory-efficient pure-JAX path for CPU. A `lax.map` over query
   blocks of a `lax.scan` over key blocks with the online softmax (FlashAttention-2, Dao 2023,
@@ -210,99 +211,24 @@ def query_block_range(j, block_q, block_k, key_length, query_length, causal):
   return lo, hi
 
 
-def compiler_params(blocks: BlockSizes, head_dim: int):
-  """Triton launch parameters for a CUDA or ROCm target.
-
-  Passed explicitly because with no params jax picks its GPU lowering from the
-  `jax_pallas_use_mosaic_gpu` flag (Mosaic GPU by default), which these kernels are not written for.
-  """
-  from jax.experimental.pallas import triton as pl_triton  # deprecated in jax 0.11: import lazily
-  num_warps = blocks.num_warps or (4 if head_dim <= 64 else 8)
-  return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-  """How one kernel is launched: body, grid, BlockSpecs, on-chip scratch, and for Mosaic TPU
-  "parallel" / "arbitrary" per grid axis (None: unsaid)."""
-  kernel: Callable
-  grid: tuple
-  in_specs: tuple
-  out_specs: tuple
-  scratch_shapes: tuple = ()
-  dimension_semantics: tuple[str, ...] | None = None
-
-
-def call_kernel(inputs, out_shapes, gpu: Launch, *, cfg, name, head_dim, tpu: Launch | None = None,
-                cost_estimate=None):
-  """pallas_call of the launch for the target; with cfg.poison, outputs start as NaN buffers
-  aliased to extra inputs. The launch and compiler params follow the platform the call is lowered
-  for, not the host's backend: "cuda"/"rocm" (a jit on a GPU, or a `jax.export` from any host)
-  get the `gpu` launch with Triton params, "tpu" the `tpu` launch (default `gpu`) with Mosaic
-  params, others `gpu` without. Interpret mode runs `tpu` if cfg.tpu_launch, else `gpu`.
-  """
-  from kernels import _tpu  # Mosaic TPU pieces: imported when a kernel is launched
-  tpu = tpu or gpu
-  extra, aliases = [], {}
-  if cfg.poison:
-    extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shapes]
-    aliases = {len(inputs) + n: n for n in range(len(out_shapes))}
-
-  def launch(plan, params, *args):
-    return tuple(pl.pallas_call(
-        plan.kernel, out_shape=out_shapes, grid=plan.grid,
-        in_specs=list(plan.in_specs) + (list(plan.out_specs) if cfg.poison else []),
-        out_specs=list(plan.out_specs), scratch_shapes=plan.scratch_shapes,
-        input_output_aliases=aliases, interpret=cfg.interpret, name=name,
-        compiler_params=params, cost_estimate=cost_estimate,
-    )(*args))
-
-  if cfg.interpret:
-    return launch(tpu if cfg.tpu_launch else gpu, None, *inputs, *extra)
-  on_gpu = functools.partial(launch, gpu, compiler_params(cfg.blocks, head_dim))
-  return lax.platform_dependent(*inputs, *extra, cuda=on_gpu, rocm=on_gpu,
-                                tpu=functools.partial(launch, tpu, _tpu.compiler_params(tpu)),
-                                default=functools.partial(launch, gpu, None))
-
-
-def row_spec(block, width):  # a [block, width] slab of [B, H, T, width], grid (row block, b, h)
-  return pl.BlockSpec((None, None, block, width), lambda r, b, h: (b, h, r, 0))
-
-
-def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
-  return pl.BlockSpec((None, None, T, width), lambda r, b, h: (b, h, 0, 0))
-
-
-# Row statistics (lse, delta) travel as [B, H, T, 1] columns: a (block, 1) block is Mosaic-legal
-# for blocks that are multiples of 8 (a (block,) slice of [B, H, T] needs 128), rows-oriented.
-
-
-def stats_spec(block):  # a [block, 1] slice of the [B, H, T, 1] lse / delta columns of (b, h)
-  return pl.BlockSpec((None, None, block, 1), lambda r, b, h: (b, h, r, 0))
-
-
-def stats_full_spec(T):  # all [T, 1] lse / delta entries of (b, h)
-  return pl.BlockSpec((None, None, T, 1), lambda r, b, h: (b, h, 0, 0))
-
-
 # Lengths travel as [B, 1, LANES] int32 rows (`length_rows`), read as `ref[0, 0]`: a (1, LANES)
 # block is Mosaic-TPU-legal (a (1,) block of [B] is not); Triton and interpret read it the same.
+# Row statistics (lse, delta) travel as [B, H, T, 1] columns: a (block, 1) block is Mosaic-legal
+# for blocks that are multiples of 8 (a (block,) slice of [B, H, T] needs 128), rows-oriented.
 LANES = 128
-LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda r, b, h: (b, 0, 0))
 
 
 def length_rows(lengths):
-  """[B] int32 -> [B, 1, LANES] int32 (each length repeated), the operand LEN_SPEC blocks."""
+  """[B] int32 -> [B, 1, LANES] int32 (each length repeated), the kernels' lengths operand."""
   return jnp.broadcast_to(lengths[:, None, None], (lengths.shape[0], 1, LANES))
 
 
-def forward_outputs(q, v, block_q):
-  """Output shapes and BlockSpecs of every forward kernel: out [B, H, Tq, dv] in v's dtype and
-  lse [B, H, Tq, 1] float32 (q: [B, H, Tq, ·], v: [B, H, Tk, dv], both padded)."""
+def forward_outputs(q, v):
+  """Output shapes of every forward kernel: out [B, H, Tq, dv] in v's dtype and lse
+  [B, H, Tq, 1] float32 (q: [B, H, Tq, ·], v: [B, H, Tk, dv], both padded)."""
   B, H, Tq = q.shape[:3]
-  shapes = [jax.ShapeDtypeStruct((B, H, Tq, v.shape[-1]), v.dtype),
-            jax.ShapeDtypeStruct((B, H, Tq, 1), _F32)]
-  return shapes, [row_spec(block_q, v.shape[-1]), stats_spec(block_q)]
+  return (jax.ShapeDtypeStruct((B, H, Tq, v.shape[-1]), v.dtype),
+          jax.ShapeDtypeStruct((B, H, Tq, 1), _F32))
 
 
 # ----------------------------------------------------------------------------------------------

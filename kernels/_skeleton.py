@@ -1,13 +1,15 @@
 """The skeleton every fused kernel runs through; a kernel module supplies only its score.
 
-A kernel is described once by a `KernelSpec`: its Pallas forward and backward (kernel bodies and
-BlockSpecs), the per-tile score function of the blocked and naive paths, its input checks and its
-default tiles. From the spec this module provides, the same for every kernel:
+A kernel is described once by a `FusedKernel`: its Pallas forward and backward (kernel bodies,
+each pallas_call described as a `kernels.launch.Call`), the per-tile score function of the blocked
+and naive paths and its input checks. Where and how it runs (launch, tiles, platforms) is a
+target's (`kernels/targets/`). From the kernel and a target this module provides, the same for
+every kernel:
 - `pallas_padded`: pads to kernel-friendly shapes and runs the Pallas kernels under one
   `jax.custom_vjp` (`_pallas_core`); outputs can start NaN-poisoned (tests and the benchmark's
   device check use it to prove every element is written);
-- `check` and `dispatch`: the public wrappers' body — input checks and lengths, then the choice
-  of implementation ("pallas", "blocked", "xla"; "auto") and of tiles.
+- `check` and `dispatch`: the public wrappers' body: input checks and lengths, then the choice
+  of implementation ("pallas", "blocked", "xla"; "auto") and of target, and the target's tiles.
 
 Operands are named as in the blocked path, whatever the public names: q [B, Tq, H, dq],
 k [B, Tk, H, dq], v [B, Tk, H, dv] (the Pallas kernels get them head-major, [B, H, T, d]), and
@@ -26,16 +28,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import _common
-from kernels._common import MAX_HEAD_DIM, MIN_BLOCK, BlockSizes
+from kernels import _common, targets
+from kernels._common import MIN_BLOCK, BlockSizes
+from kernels.targets import AUTO, Target
 
 IMPLEMENTATIONS = ("auto", "pallas", "blocked", "xla")
-# Which forward a CUDA lowering of implementation="pallas" uses: the Triton kernels, or a kernel
-# spec's Mosaic GPU forward (Hopper: TMA + WGMMA) where it has one. Backward: Triton either way.
-GPU_LOWERINGS = ("triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,64 +44,51 @@ class Config:
   """Static arguments of one padded Pallas run (a custom_vjp nondiff argument: hashable)."""
   causal: bool
   blocks: BlockSizes  # clamped to the sequence lengths; block_d resolved
-  interpret: bool | pltpu.InterpretParams  # see `resolve_interpret`
+  target: Target  # supplies the launch (`target.launch(call, inputs, cfg)`)
   poison: bool = False  # pre-fill outputs with NaN so unwritten elements show
   score_kw: tuple[tuple[str, Any], ...] = ()  # static score arguments, e.g. (("scale", 0.125),)
-  gpu_lowering: str = "triton"  # one of GPU_LOWERINGS
 
   @property
-  def tpu_launch(self) -> bool:
-    """Interpret mode runs the kernels' TPU launch (kernels/_tpu.py) on JAX's TPU interpreter."""
-    return isinstance(self.interpret, pltpu.InterpretParams)
+  def interpret(self):
+    """pallas_call's `interpret`: the target's (False when compiled)."""
+    return self.target.interpret
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelSpec:
-  """What makes one fused kernel different from another.
+class FusedKernel:
+  """What makes one fused kernel different from another (targets supply launch and tiles).
 
   forward(q, k, v, theta, kl, ql, cfg) -> (out [B, H, Tq_p, dv_p], lse [B, H, Tq_p] float32) and
   backward(q, k, v, theta, do, lse, delta, kl, ql, cfg) -> (dq, dk, dv, dtheta) run the Pallas
-  kernels on padded, head-major operands (q [B, H, Tq_p, dq_p], ...);
-  delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
+  kernels on padded, head-major operands (q [B, H, Tq_p, dq_p], ...) through
+  `cfg.target.launch`; delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
   score(theta, q_blk [tq, dq], k_blk [tk, dq], **score_kw) -> [tq, tk] float32: the blocked and
   naive paths' score (differentiated by autodiff per tile).
   check_inputs(q, k, v, theta): raises ValueError with the public argument names.
-  mosaic_forward: forward's signature; the forward under gpu_lowering="mosaic" (it chooses its own
-  fallback where Mosaic GPU does not apply), or None where the kernel has no Mosaic GPU forward.
+  name: the key of the kernel's tiles in `Target.blocks`.
   """
   name: str
   forward: Callable
   backward: Callable
   score: Callable
   check_inputs: Callable
-  gpu_blocks: BlockSizes
-  interpret_blocks: BlockSizes  # interpret mode: large tiles, since grid steps are what costs
-  blocked_blocks: BlockSizes
   min_qk_width: int = MIN_BLOCK  # q/k features are padded to a power of two >= this
-  max_qk_dim: int | None = MAX_HEAD_DIM  # None: the kernel slices q/k features by block_d
-  tpu_blocks: BlockSizes | None = None  # compiled tiles when running on a TPU (None: gpu_blocks)
-  mosaic_forward: Callable | None = None
-
-  def default_blocks(self, implementation: str, interpret: bool) -> BlockSizes:
-    if implementation == "blocked":
-      return self.blocked_blocks
-    if interpret:
-      return self.interpret_blocks
-    if self.tpu_blocks is not None and jax.default_backend() == "tpu":
-      return self.tpu_blocks
-    return self.gpu_blocks
+  limits_qk_width: bool = True  # False: the kernel slices q/k features by block_d (any width)
 
 
 # ----------------------------------------------------------------------------------------------
-# Public-argument handling.
+# Public-argument handling: implementation, target, tiles, lengths.
 
 
-def resolve_implementation(implementation: str) -> str:
-  """"auto" -> "pallas" on GPU, "blocked" elsewhere. Unknown names fail with the known ones."""
+def resolve_implementation(implementation: str, target: str = AUTO) -> str:
+  """"auto" -> the named target's implementation, else "pallas" on GPU, "blocked" elsewhere.
+  Unknown names fail with the known ones."""
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
+    if target != AUTO:
+      return targets.get(target).implementation
     # TPU stays on the blocked path: both kernels lower to Mosaic TPU and compile deviceless for
     # v5e (tests/test_kernels_tpu.py), but have neither run nor been timed on a TPU.
     return "pallas" if jax.default_backend() == "gpu" else "blocked"
@@ -108,39 +96,66 @@ def resolve_implementation(implementation: str) -> str:
 
 
 def resolve_interpret(interpret) -> bool | pltpu.InterpretParams:
-  """Pallas runs in interpret mode on CPU (there is no CPU lowering). True runs the GPU launch on
-  the generic interpreter; a `pltpu.InterpretParams` runs the TPU launch (grid with a reduction
-  axis, VMEM scratch) on JAX's TPU interpreter, which reads uninitialized scratch as NaN."""
+  """Pallas runs in interpret mode on CPU (there is no CPU lowering): None -> True on a CPU host.
+  True picks a target's interpreter twin ("interpret": the Triton launch on the generic
+  interpreter); a `pltpu.InterpretParams` runs the TPU launch on JAX's TPU interpreter with them."""
   if interpret is None:
     return jax.default_backend() == "cpu"
   return interpret if isinstance(interpret, pltpu.InterpretParams) else bool(interpret)
 
 
-def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes) -> BlockSizes:
-  """The BlockSizes to use from the public arguments (block_sizes wins; block_q/k override)."""
+def resolve_target(implementation: str, target: str = AUTO,
+                   interpret=None) -> Target | dict[str, Target] | None:
+  """The target(s) a call runs on, from its public arguments (implementation resolved).
+
+  "xla": None (the dense reference runs no target). "blocked": target "auto" is "cpu_blocked".
+  "pallas": a named target, or its interpreter twin when interpreting; with target "auto", the
+  "interpret" target (or "tpu_interpret" for `pltpu.InterpretParams`) when interpreting, else
+  {platform: target} of the targets "auto" compiles for each platform, to switch between at
+  lowering (`lax.platform_dependent`). Unknown or mismatched targets raise ValueError.
+  """
+  if implementation == "xla":
+    if target != AUTO:
+      raise ValueError(f"implementation='xla' is the dense reference; it runs no target "
+                       f"(got target={target!r})")
+    return None
+  if implementation == "blocked":
+    chosen = targets.get("cpu_blocked" if target == AUTO else target)
+  else:
+    interpret = resolve_interpret(interpret)
+    if target == AUTO:
+      if interpret is False:
+        return targets.TARGETS.auto("pallas")
+      target = "tpu" if isinstance(interpret, pltpu.InterpretParams) else "triton"
+    chosen = targets.get(target)
+    if interpret is not False and chosen.interpreted is not None:
+      chosen = targets.get(chosen.interpreted)
+    if isinstance(interpret, pltpu.InterpretParams) and chosen.interpret is not False:
+      chosen = dataclasses.replace(chosen, interpret=interpret)
+  if chosen.implementation != implementation:
+    raise ValueError(f"target {chosen.name!r} runs implementation={chosen.implementation!r}, "
+                     f"not {implementation!r}")
+  return chosen
+
+
+def resolve_blocks(block_q, block_k, block_sizes, default: BlockSizes,
+                   block_d: int | None = None) -> BlockSizes:
+  """The BlockSizes to use from the public arguments (block_sizes wins; block_q/k/d override)."""
   if block_sizes is not None:
     if block_q is not None or block_k is not None:
       raise ValueError("pass either block_sizes or block_q/block_k, not both")
     if not isinstance(block_sizes, BlockSizes):
       raise ValueError(
           f"block_sizes must be a kernels.BlockSizes, got {type(block_sizes).__name__}")
-    return block_sizes
+    default = block_sizes
   changes = {}
   if block_q is not None:
     changes.update(block_q=block_q, block_q_bwd=block_q)
   if block_k is not None:
     changes.update(block_k=block_k, block_k_bwd=block_k)
+  if block_d is not None:
+    changes.update(block_d=block_d)
   return dataclasses.replace(default, **changes)
-
-
-def check_gpu_lowering(spec: KernelSpec, gpu_lowering: str) -> str:
-  """gpu_lowering checked against GPU_LOWERINGS and what the kernel offers."""
-  if gpu_lowering not in GPU_LOWERINGS:
-    raise ValueError(
-        f"unknown gpu_lowering {gpu_lowering!r}; known: {', '.join(GPU_LOWERINGS)}")
-  if gpu_lowering == "mosaic" and spec.mosaic_forward is None:
-    raise ValueError(f"the {spec.name} kernel has no Mosaic GPU forward; use gpu_lowering='triton'")
-  return gpu_lowering
 
 
 def check_lengths(name: str, lengths, B: int, T: int):
@@ -155,65 +170,49 @@ def check_lengths(name: str, lengths, B: int, T: int):
   return jnp.clip(lengths.astype(jnp.int32), 0, T)
 
 
-def check(spec: KernelSpec, q, k, v, theta, key_lengths, query_lengths):
-  """The spec's input checks, then the lengths: (kl, ql), [B] int32 clipped to [0, Tk], [0, Tq]."""
-  spec.check_inputs(q, k, v, theta)
+def check(kernel: FusedKernel, q, k, v, theta, key_lengths, query_lengths):
+  """The kernel's input checks, then the lengths: (kl, ql), [B] int32 clipped to [0, Tk], [0, Tq]."""
+  kernel.check_inputs(q, k, v, theta)
   B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
   return (check_lengths("key_lengths", key_lengths, B, Tk),
           check_lengths("query_lengths", query_lengths, B, Tq))
 
 
 # ----------------------------------------------------------------------------------------------
-# The Pallas path: padding and the custom_vjp around the spec's kernels.
+# The Pallas path: padding and the custom_vjp around the kernel's Pallas kernels.
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _pallas_core(spec: KernelSpec, cfg: Config, operands, kl, ql):
-  forward = spec.mosaic_forward if cfg.gpu_lowering == "mosaic" else spec.forward
-  return tuple(forward(*operands, kl, ql, cfg))
+def _pallas_core(kernel: FusedKernel, cfg: Config, operands, kl, ql):
+  forward = cfg.target.forwards.get(kernel.name)
+  if forward is not None:
+    return tuple(forward(*operands, kl, ql, cfg, fallback=kernel.forward))
+  return tuple(kernel.forward(*operands, kl, ql, cfg))
 
 
-def _pallas_core_fwd(spec, cfg, operands, kl, ql):
-  out, lse = _pallas_core(spec, cfg, operands, kl, ql)
+def _pallas_core_fwd(kernel, cfg, operands, kl, ql):
+  out, lse = _pallas_core(kernel, cfg, operands, kl, ql)
   return (out, lse), (operands, kl, ql, out, lse)
 
 
-def _pallas_core_bwd(spec, cfg, res, cts):
+def _pallas_core_bwd(kernel, cfg, res, cts):
   operands, kl, ql, out, lse = res
   g_out, g_lse = cts
   # delta_i = dO_i . O_i - dL/dlse_i: a cotangent on lse adds P_ij to dS_ij, i.e. shifts delta.
   delta = jnp.einsum("bhqd,bhqd->bhq", g_out.astype(jnp.float32), out.astype(jnp.float32)) - g_lse
-  grads = spec.backward(*operands, g_out.astype(out.dtype), lse, delta, kl, ql, cfg)
+  grads = kernel.backward(*operands, g_out.astype(out.dtype), lse, delta, kl, ql, cfg)
   return tuple(grads), None, None
 
 
 _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 
-def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
-                  blocks: BlockSizes | None = None, interpret=None,
-                  poison: bool = False, gpu_lowering: str = "triton", **score_kw):
-  """Pads to kernel-friendly shapes and runs the spec's Pallas kernels (differentiable).
-
-  Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
-  features to a power of two >= spec.min_qk_width, v's to a power of two >= 16. Zero feature
-  padding is exact for our scores (a zero column adds nothing to q·k, and tanh(0 + 0)·0 nothing
-  to the additive score); padded rows are masked by the lengths. kl, ql: [B] int32 in range.
-  blocks: default the spec's Pallas tiles. Returns the padded (out [B, Tq_p, H, dv_p],
-  lse [B, H, Tq_p]); with poison=True every output starts as NaN (unwritten elements show).
-  gpu_lowering: GPU_LOWERINGS; "mosaic" runs the spec's Mosaic GPU forward (in the Mosaic GPU
-  interpreter in interpret mode).
-  """
+def _run_padded(kernel: FusedKernel, target: Target, q, k, v, theta, kl, ql, *, causal: bool,
+                blocks: BlockSizes, poison: bool, score_kw):
+  """The kernel's Pallas kernels on `target` with tiles `blocks` (see `pallas_padded`)."""
   Tq, Tk, d, dv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
-  if dv > MAX_HEAD_DIM or (spec.max_qk_dim is not None and d > spec.max_qk_dim):
-    limit = "head dims" if spec.max_qk_dim is not None else "value head dims"
-    raise ValueError(f"the {spec.name} Pallas kernel supports {limit} up to {MAX_HEAD_DIM}, got "
-                     f"d={d}, dv={dv}; use implementation='blocked'")
-  interpret = resolve_interpret(interpret)
-  if blocks is None:
-    blocks = spec.default_blocks("pallas", interpret)
   blocks = blocks.clamp(Tq, Tk)
-  d_p = max(spec.min_qk_width, _common.next_pow2(d))
+  d_p = max(kernel.min_qk_width, _common.next_pow2(d))
   blocks = dataclasses.replace(blocks, block_d=min(blocks.block_d or d_p, d_p))
   bq, bk = max(blocks.block_q, blocks.bwd_q), max(blocks.block_k, blocks.bwd_k)
   Tq_p, Tk_p = pl.cdiv(Tq, bq) * bq, pl.cdiv(Tk, bk) * bk
@@ -223,62 +222,100 @@ def pallas_padded(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool,
   pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(_to_heads(x), 2, T), 3, width)
   operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
               None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
-  cfg = Config(causal=bool(causal), blocks=blocks, interpret=interpret, poison=poison,
-               score_kw=tuple(sorted(score_kw.items())),
-               gpu_lowering=check_gpu_lowering(spec, gpu_lowering))
-  out, lse = _pallas_core(spec, cfg, operands, kl, ql)
+  cfg = Config(causal=bool(causal), blocks=blocks, target=target, poison=poison,
+               score_kw=tuple(sorted(score_kw.items())))
+  out, lse = _pallas_core(kernel, cfg, operands, kl, ql)
   return _to_heads(out), lse
 
 
+def _host_target(chosen) -> Target:
+  """One target from `resolve_target`'s answer: a table is read for the host's platform."""
+  if isinstance(chosen, Target):
+    return chosen
+  platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
+  if platform not in chosen:
+    raise ValueError(f"no compiled Pallas target for platform {platform!r} (targets for: "
+                     f"{', '.join(chosen)}); pass interpret=True or a target")
+  return chosen[platform]
+
+
+def pallas_padded(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool,
+                  blocks: BlockSizes | None = None, target: str = AUTO, interpret=None,
+                  poison: bool = False, **score_kw):
+  """Pads to kernel-friendly shapes and runs the kernel's Pallas kernels (differentiable).
+
+  Sequence axes are padded to multiples of the (clamped) forward and backward tiles, q/k
+  features to a power of two >= kernel.min_qk_width, v's to a power of two >= 16. Zero feature
+  padding is exact for our scores (a zero column adds nothing to q·k, and tanh(0 + 0)·0 nothing
+  to the additive score); padded rows are masked by the lengths. kl, ql: [B] int32 in range.
+  target, interpret: as `resolve_target`; the padded shapes depend on the tiles, so target
+  "auto" compiled is the host's platform's target. blocks: default the target's tiles.
+  Returns the padded (out [B, Tq_p, H, dv_p], lse [B, H, Tq_p]); with poison=True every output
+  starts as NaN (unwritten elements show).
+  """
+  chosen = _host_target(resolve_target("pallas", target, interpret))
+  chosen.check(kernel, q, v)
+  blocks = chosen.tiles(kernel.name) if blocks is None else blocks
+  return _run_padded(kernel, chosen, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
+                     poison=poison, score_kw=score_kw)
+
+
 # ----------------------------------------------------------------------------------------------
-# Implementations: each (spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw)
-# -> (out [B, Tq, H, dv] in v's dtype, lse [B, Tq, H] float32).
+# Implementations: each (kernel, target, q, k, v, theta, kl, ql, *, causal, tiles, score_kw)
+# -> (out [B, Tq, H, dv] in v's dtype, lse [B, Tq, H] float32); tiles(target) -> BlockSizes.
 
 
 def _to_heads(x):  # [B, T, H, d] -> [B, H, T, d]: the layout of the blocked and naive cores
   return jnp.swapaxes(x, 1, 2)
 
 
-def _impl_pallas(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw,
-                 gpu_lowering="triton"):
-  out, lse = pallas_padded(spec, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
-                           interpret=interpret, gpu_lowering=gpu_lowering, **score_kw)
+def _impl_pallas(kernel, chosen, q, k, v, theta, kl, ql, *, causal, tiles, score_kw):
   Tq, dv = q.shape[1], v.shape[-1]
-  return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
+
+  def run(target, q, k, v, theta, kl, ql):
+    out, lse = _run_padded(kernel, target, q, k, v, theta, kl, ql, causal=causal,
+                           blocks=tiles(target), poison=False, score_kw=score_kw)
+    return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
+
+  if isinstance(chosen, Target) and not chosen.platforms:
+    return run(chosen, q, k, v, theta, kl, ql)  # interpreted: runs wherever it is traced
+  if isinstance(chosen, Target):  # compiled: lowering for a platform it lacks is refused there
+    chosen = {p: chosen for p in chosen.platforms}
+  # Tiles, padding and launch chosen together per platform at lowering, not from the host.
+  return lax.platform_dependent(q, k, v, theta, kl, ql,
+                                **{p: functools.partial(run, t) for p, t in chosen.items()})
 
 
-def _impl_blocked(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
-  del interpret
+def _impl_blocked(kernel, chosen, q, k, v, theta, kl, ql, *, causal, tiles, score_kw):
+  blocks = tiles(chosen)
   out, lse = _common.blocked_attention(
-      functools.partial(spec.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v), theta,
-      kl, ql, causal=causal, block_q=blocks.block_q, block_k=blocks.block_k)
+      functools.partial(kernel.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v),
+      theta, kl, ql, causal=causal, block_q=blocks.block_q, block_k=blocks.block_k)
   return _to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
 
 
-def _impl_xla(spec, q, k, v, theta, kl, ql, *, causal, blocks, interpret, score_kw):
-  del blocks, interpret
+def _impl_xla(kernel, chosen, q, k, v, theta, kl, ql, *, causal, tiles, score_kw):
+  del chosen, tiles
   out, lse = _common.naive_attention(
-      functools.partial(spec.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v), theta,
-      kl, ql, causal=causal)
+      functools.partial(kernel.score, **score_kw), _to_heads(q), _to_heads(k), _to_heads(v),
+      theta, kl, ql, causal=causal)
   return _to_heads(out).astype(v.dtype), jnp.swapaxes(lse, 1, 2)
 
 
 _IMPLEMENTATIONS = {"pallas": _impl_pallas, "blocked": _impl_blocked, "xla": _impl_xla}
 
 
-def dispatch(spec: KernelSpec, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
+def dispatch(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool, implementation: str,
              block_q: int | None, block_k: int | None, block_sizes: BlockSizes | None,
-             interpret, block_d: int | None = None, gpu_lowering: str = "triton",
-             **score_kw):
-  """Runs the chosen implementation on checked inputs (kl, ql from `check`); the tiles are the
-  spec's defaults for it, overridden by block_q / block_k / block_d or replaced by block_sizes.
-  gpu_lowering (GPU_LOWERINGS) is checked always and used by the Pallas path only."""
-  impl = resolve_implementation(implementation)
-  gpu_lowering = check_gpu_lowering(spec, gpu_lowering)
-  extra = {"gpu_lowering": gpu_lowering} if impl == "pallas" else {}
-  interpret = resolve_interpret(interpret)
-  blocks = resolve_blocks(block_q, block_k, block_sizes, spec.default_blocks(impl, interpret))
-  if block_d is not None:
-    blocks = dataclasses.replace(blocks, block_d=block_d)
-  return _IMPLEMENTATIONS[impl](spec, q, k, v, theta, kl, ql, causal=bool(causal), blocks=blocks,
-                                interpret=interpret, score_kw=score_kw, **extra)
+             interpret, block_d: int | None = None, target: str = AUTO, **score_kw):
+  """Runs the chosen implementation on checked inputs (kl, ql from `check`) on the chosen
+  target (`resolve_target`); the tiles are the target's defaults for the kernel, overridden by
+  block_q / block_k / block_d or replaced by block_sizes."""
+  impl = resolve_implementation(implementation, target)
+  chosen = resolve_target(impl, target, interpret)
+  for t in ([] if chosen is None else [chosen] if isinstance(chosen, Target)
+            else chosen.values()):
+    t.check(kernel, q, v)
+  tiles = lambda t: resolve_blocks(block_q, block_k, block_sizes, t.tiles(kernel.name), block_d)
+  return _IMPLEMENTATIONS[impl](kernel, chosen, q, k, v, theta, kl, ql, causal=bool(causal),
+                                tiles=tiles, score_kw=score_kw)

@@ -31,20 +31,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton, _tpu
-from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
-                             stats_spec)
+from kernels import _common, _grid_steps, _skeleton, launch
+from kernels._common import BlockSizes, positions
+from kernels.launch import BLOCK_ROW, HEAD, LENGTHS, OTHER, ROW
+from kernels.targets import AUTO
 
 _F32 = jnp.float32
-# GPU: the tanh tile [block_q, block_k, block_d] lives in registers: 32 x 32 x 8 floats is 64 per
-# thread at 4 warps. Tune with experiments/bench_kernel.py.
-GPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=8, num_warps=4, num_stages=2)
-INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)  # block_d: all of d_attn at once
-# TPU: a tanh tile's last axis is the 128-lane axis, so block_d = 8 would pad every slice 16-fold
-# and unroll d_attn / 8 of them; at d_attn = 256 the backward then exceeds v5e's scoped VMEM.
-TPU_BLOCKS = BlockSizes(block_q=32, block_k=32, block_d=128)
-# Blocked CPU path: the [block_q, block_k, d_attn] tanh tile is formed by XLA (~8 MiB at 256).
-BLOCKED_BLOCKS = BlockSizes(block_q=128, block_k=64)
 
 
 def _tanh_tile(q_chunk, k_chunk):
@@ -181,7 +173,7 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
 
 
 # ----------------------------------------------------------------------------------------------
-# TPU kernel bodies (grid (b, h, r, c), see kernels/_tpu.py and flash_attention's): one tile per
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py and flash_attention's): one tile per
 # step, accumulating in VMEM scratch (refs after the outputs); masked steps compute nothing.
 
 
@@ -196,7 +188,7 @@ def _fwd_tpu_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal,
     valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
     return _common.online_softmax_update(carry, s, valid, val_ref[...])
 
-  _tpu.online_softmax_steps(
+  _grid_steps.online_softmax_steps(
       *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
       update=update)
 
@@ -221,7 +213,7 @@ def _dq_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_
     for sl in slices:
       dq_ref[:, sl] = (acc_ref[:, sl] * w_ref[0, sl].astype(_F32)[None, :]).astype(dq_ref.dtype)
 
-  _tpu.reduce_steps(
+  _grid_steps.reduce_steps(
       [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
       accumulate=accumulate, write=write)
 
@@ -252,87 +244,62 @@ def _dkv_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl
     dval_ref[...] = dval_acc[...].astype(dval_ref.dtype)
 
   lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  _tpu.reduce_steps([dk_acc, dval_acc, dw_acc], visible=(lo <= i) & (i < hi),
+  _grid_steps.reduce_steps([dk_acc, dval_acc, dw_acc], visible=(lo <= i) & (i < hi),
                     accumulate=accumulate, write=write)
 
 
 # ----------------------------------------------------------------------------------------------
-# pallas_call wrappers: grids and BlockSpecs. Operands arrive padded by `_skeleton.pallas_padded`
-# (T to block multiples, d_attn and dv to powers of two, block_d resolved) in the skeleton's
-# order: q = q_proj, k = k_proj, v = values, theta = v_vec [H, d_attn].
-
-
-def _w_spec(d_attn):  # v's [1, d_attn] row for head h, from [H, 1, d_attn] (a TPU-legal block)
-  return pl.BlockSpec((None, 1, d_attn), lambda r, b, h: (h, 0, 0))
-
-
-_W_TPU = lambda d_attn: pl.BlockSpec((None, 1, d_attn), lambda b, h, r, c: (h, 0, 0))
+# The pallas_calls, described for the target's launch (`kernels/launch.py`). Operands arrive
+# padded by `_skeleton.pallas_padded` (T to block multiples, d_attn and dv to powers of two,
+# block_d resolved) in the skeleton's order: q = q_proj, k = k_proj, v = values,
+# theta = v_vec [H, d_attn] (passed as [H, 1, d_attn], a TPU-legal HEAD block).
 
 
 def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
   B, H, Tq, da = qp.shape
   Tk, dv = kp.shape[2], val.shape[-1]
-  bq, bk, bd = cfg.blocks.block_q, cfg.blocks.block_k, cfg.blocks.block_d
-  kw = dict(causal=cfg.causal, block_d=bd)
+  bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
+  kw = dict(causal=cfg.causal, block_d=cfg.blocks.block_d)
   flops = B * H * Tq * Tk * (2 * da + 2 * dv) // (2 if cfg.causal else 1)
-  out_shapes, out_specs = _common.forward_outputs(qp, val, bq)
-  keys = _tpu.key_rows(bq, bk, cfg.causal)
-  out, lse = _common.call_kernel(
-      (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)), out_shapes,
-      _common.Launch(
-          functools.partial(_fwd_kernel, block_k=bk, **kw), (Tq // bq, B, H),
-          (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), LEN_SPEC,
-           LEN_SPEC), out_specs),
-      tpu=_common.Launch(
-          functools.partial(_fwd_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
-          (_tpu.spec(bq, da), _tpu.spec(bk, da, keys), _W_TPU(da), _tpu.spec(bk, dv, keys),
-           _tpu.LEN_SPEC, _tpu.LEN_SPEC), (_tpu.spec(bq, dv), _tpu.spec(bq, 1)),
-          _tpu.scratch((bq, 1), (bq, 1), (bq, dv)), _tpu.SEMANTICS),
-      cfg=cfg, name="additive_attention_fwd", head_dim=dv,
+  nbytes = sum(x.size * x.dtype.itemsize for x in (qp, kp, val)) * 2
+  call = launch.Call(
+      "additive_attention_fwd", writes="q", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(ROW, OTHER, HEAD, OTHER, LENGTHS, LENGTHS), outputs=(ROW, ROW),
+      out_shapes=_common.forward_outputs(qp, val),
+      loop_body=lambda br: functools.partial(_fwd_kernel, block_k=br, **kw),
+      grid_body=functools.partial(_fwd_tpu_kernel, **kw), head_dim=dv,
+      grid_scratch=((bq, 1), (bq, 1), (bq, dv)),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk * (da + 1),
-                                    bytes_accessed=sum(x.size * x.dtype.itemsize
-                                                       for x in (qp, kp, val)) * 2))
+                                    bytes_accessed=nbytes))
+  out, lse = cfg.target.launch(
+      call, (qp, kp, w[:, None, :], val, _common.length_rows(kl), _common.length_rows(ql)), cfg)
   return out, lse[..., 0]
 
 
 def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
-  B, H, Tq, da = qp.shape
+  B, H, _, da = qp.shape
   Tk, dv = kp.shape[2], val.shape[-1]
-  bq, bk, bd = cfg.blocks.bwd_q, cfg.blocks.bwd_k, cfg.blocks.block_d
-  kw = dict(causal=cfg.causal, block_d=bd)
+  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  kw = dict(causal=cfg.causal, block_d=cfg.blocks.block_d)
   inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],
             _common.length_rows(kl), _common.length_rows(ql))
-  keys, queries = _tpu.key_rows(bq, bk, cfg.causal), _tpu.query_rows(bq, bk, Tq // bq, cfg.causal)
-  (dq,) = _common.call_kernel(
-      inputs, [jax.ShapeDtypeStruct(qp.shape, qp.dtype)],
-      _common.Launch(
-          functools.partial(_dq_kernel, block_k=bk, **kw), (Tq // bq, B, H),
-          (row_spec(bq, da), full_spec(Tk, da), _w_spec(da), full_spec(Tk, dv), row_spec(bq, dv),
-           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, da),)),
-      tpu=_common.Launch(
-          functools.partial(_dq_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
-          (_tpu.spec(bq, da), _tpu.spec(bk, da, keys), _W_TPU(da), _tpu.spec(bk, dv, keys),
-           _tpu.spec(bq, dv), _tpu.spec(bq, 1), _tpu.spec(bq, 1), _tpu.LEN_SPEC, _tpu.LEN_SPEC),
-          (_tpu.spec(bq, da),), _tpu.scratch((bq, da)), _tpu.SEMANTICS),
-      cfg=cfg, name="additive_attention_dq", head_dim=dv)
-  dk, dval, dw_parts = _common.call_kernel(
-      inputs, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (kp, val)]
-      + [jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)],  # dv: one row per key block
-      _common.Launch(
-          functools.partial(_dkv_kernel, block_q=bq, **kw), (Tk // bk, B, H),
-          (full_spec(Tq, da), row_spec(bk, da), _w_spec(da), row_spec(bk, dv), full_spec(Tq, dv),
-           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
-          (row_spec(bk, da), row_spec(bk, dv),
-           pl.BlockSpec((None, None, None, 1, da), lambda r, b, h: (b, h, r, 0, 0)))),
-      tpu=_common.Launch(
-          functools.partial(_dkv_tpu_kernel, **kw), (B, H, Tk // bk, Tq // bq),
-          (_tpu.spec(bq, da, queries), _tpu.spec(bk, da), _W_TPU(da), _tpu.spec(bk, dv),
-           _tpu.spec(bq, dv, queries), _tpu.spec(bq, 1, queries), _tpu.spec(bq, 1, queries),
-           _tpu.LEN_SPEC, _tpu.LEN_SPEC),
-          (_tpu.spec(bk, da), _tpu.spec(bk, dv),
-           pl.BlockSpec((None, None, None, 1, da), lambda b, h, r, c: (b, h, r, 0, 0))),
-          _tpu.scratch((bk, da), (bk, dv), (1, da)), _tpu.SEMANTICS),
-      cfg=cfg, name="additive_attention_dkv", head_dim=dv)
+  (dq,) = cfg.target.launch(launch.Call(
+      "additive_attention_dq", writes="q", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(ROW, OTHER, HEAD, OTHER, ROW, ROW, ROW, LENGTHS, LENGTHS), outputs=(ROW,),
+      out_shapes=(jax.ShapeDtypeStruct(qp.shape, qp.dtype),),
+      loop_body=lambda br: functools.partial(_dq_kernel, block_k=br, **kw),
+      grid_body=functools.partial(_dq_tpu_kernel, **kw), head_dim=dv,
+      grid_scratch=((bq, da),)), inputs, cfg)
+  dk, dval, dw_parts = cfg.target.launch(launch.Call(
+      "additive_attention_dkv", writes="k", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(OTHER, ROW, HEAD, ROW, OTHER, OTHER, OTHER, LENGTHS, LENGTHS),
+      outputs=(ROW, ROW, BLOCK_ROW),
+      out_shapes=(jax.ShapeDtypeStruct(kp.shape, kp.dtype),
+                  jax.ShapeDtypeStruct(val.shape, val.dtype),
+                  jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)),  # dv: a row per key block
+      loop_body=lambda br: functools.partial(_dkv_kernel, block_q=br, **kw),
+      grid_body=functools.partial(_dkv_tpu_kernel, **kw), head_dim=dv,
+      grid_scratch=((bk, da), (bk, dv), (1, da))), inputs, cfg)
   dw = jnp.sum(dw_parts, axis=(0, 2, 3))  # [H, d_attn]: v is shared by the batch and key blocks
   return dq, dk, dval, dw.astype(w.dtype)
 
@@ -369,11 +336,9 @@ def _check_inputs(q_proj, k_proj, values, v_vec):
 
 # d_attn is padded to a power of two without a floor (no dot contracts it) and has no size limit:
 # the kernels form the tanh tile a block_d slice at a time.
-SPEC = _skeleton.KernelSpec(
+KERNEL = _skeleton.FusedKernel(
     name="additive_attention", forward=_forward, backward=_backward, score=additive_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
-    interpret_blocks=INTERPRET_BLOCKS,
-    blocked_blocks=BLOCKED_BLOCKS, min_qk_width=1, max_qk_dim=None)
+    check_inputs=_check_inputs, min_qk_width=1, limits_qk_width=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,13 +346,14 @@ SPEC = _skeleton.KernelSpec(
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "implementation", "block_q", "block_k",
-                                             "block_d", "block_sizes", "interpret"))
+                                             "block_d", "block_sizes", "interpret",
+                                             "target"))
 def additive_attention_with_lse(q_proj, k_proj, v_vec, values, *, key_lengths=None,
                                 query_lengths=None, causal: bool = False,
                                 implementation: str = "auto", block_q: int | None = None,
                                 block_k: int | None = None, block_d: int | None = None,
                                 block_sizes: BlockSizes | None = None,
-                                interpret: bool | None = None):
+                                interpret: bool | None = None, target: str = AUTO):
   """Additive attention out_i = Σ_j softmax_j(vᵀ tanh(q_proj_i + k_proj_j)) values_j, and its lse.
 
   q_proj: [B, Tq, H, da] (W q + b), k_proj: [B, Tk, H, da] (U k), v_vec: [H, da],
@@ -395,23 +361,26 @@ def additive_attention_with_lse(q_proj, k_proj, v_vec, values, *, key_lengths=No
   key_lengths, query_lengths: [B] int or None; causal: key j <= query i (top-left aligned).
   implementation: "pallas" (Triton on GPU; interpret mode on CPU), "blocked" (pure JAX, exact,
     O(T·d + block_q·block_k·da) memory), "xla" (naive: forms [B, H, Tq, Tk, da]), "auto" (pallas
-    on GPU, blocked elsewhere). block_q, block_k, block_d (the d_attn slice of the on-chip tanh
-    tile), or block_sizes for all tiles.
+    on GPU, blocked elsewhere; a named target's own implementation). block_q, block_k, block_d
+    (the d_attn slice of the on-chip tanh tile), or block_sizes for all tiles.
+  target, interpret: as in `kernels.attention_with_lse` (no "mosaic_gpu" targets: this kernel
+    has no Mosaic GPU forward).
   Returns (out [B, Tq, H, dv] in values' dtype, lse [B, Tq, H] float32). A query row with no
   visible key gets out = 0, lse = -inf and zero gradients. Differentiable in q_proj, k_proj,
   v_vec and values (custom_vjp).
   """
-  kl, ql = _skeleton.check(SPEC, q_proj, k_proj, values, v_vec, key_lengths, query_lengths)
-  return _skeleton.dispatch(SPEC, q_proj, k_proj, values, v_vec, kl, ql, causal=causal,
+  kl, ql = _skeleton.check(KERNEL, q_proj, k_proj, values, v_vec, key_lengths, query_lengths)
+  return _skeleton.dispatch(KERNEL, q_proj, k_proj, values, v_vec, kl, ql, causal=causal,
                             implementation=implementation, block_q=block_q, block_k=block_k,
-                            block_d=block_d, block_sizes=block_sizes, interpret=interpret)
+                            block_d=block_d, block_sizes=block_sizes, interpret=interpret,
+                            target=target)
 
 
 def additive_attention(q_proj, k_proj, v_vec, values, *, key_lengths=None, query_lengths=None,
                        causal: bool = False, implementation: str = "auto",
                        block_q: int | None = None, block_k: int | None = None,
                        block_d: int | None = None, block_sizes: BlockSizes | None = None,
-                       interpret: bool | None = None):
+                       interpret: bool | None = None, target: str = AUTO):
   """Additive attention: out [B, Tq, H, dv]. See `additive_attention_with_lse` for arguments.
 
   A query row with no visible key returns zeros (value and gradient), never NaN.
@@ -419,24 +388,26 @@ def additive_attention(q_proj, k_proj, v_vec, values, *, key_lengths=None, query
   return additive_attention_with_lse(
       q_proj, k_proj, v_vec, values, key_lengths=key_lengths, query_lengths=query_lengths,
       causal=causal, implementation=implementation, block_q=block_q, block_k=block_k,
-      block_d=block_d, block_sizes=block_sizes, interpret=interpret)[0]
+      block_d=block_d, block_sizes=block_sizes, interpret=interpret, target=target)[0]
 
 
 def pallas_additive_attention_padded(q_proj, k_proj, v_vec, values, *, key_lengths=None,
                                      query_lengths=None, causal: bool = False,
                                      block_sizes: BlockSizes | None = None,
-                                     interpret: bool | None = None, poison: bool = False):
+                                     interpret: bool | None = None, poison: bool = False,
+                                     target: str = AUTO):
   """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
 
-  Arguments as in `additive_attention_with_lse`; block_sizes default to the Pallas tiles
-  (GPU_BLOCKS, or INTERPRET_BLOCKS in interpret mode). poison=True starts every output buffer of
+  Arguments as in `additive_attention_with_lse` (target "auto" compiled: the host's platform's
+  target); block_sizes default to the target's tiles. poison=True starts every output buffer of
   the forward and backward kernels as NaN, so an element a kernel fails to write shows as NaN.
   Returns the padded (out [B, Tq_p, H, dv_p] in values' dtype, lse [B, H, Tq_p] float32): Tq_p a
   multiple of the query tiles, dv_p a power of two >= 16.
   """
-  kl, ql = _skeleton.check(SPEC, q_proj, k_proj, values, v_vec, key_lengths, query_lengths)
-  return _skeleton.pallas_padded(SPEC, q_proj, k_proj, values, v_vec, kl, ql, causal=causal,
-                                 blocks=block_sizes, interpret=interpret, poison=poison)
+  kl, ql = _skeleton.check(KERNEL, q_proj, k_proj, values, v_vec, key_lengths, query_lengths)
+  return _skeleton.pallas_padded(KERNEL, q_proj, k_proj, values, v_vec, kl, ql, causal=causal,
+                                 blocks=block_sizes, target=target, interpret=interpret,
+                                 poison=poison)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   pin), and Triton-from-Pallas leaves Hopper's wgmma/TMA speed on the table. The road to the
   Hopper target is a Mosaic GPU forward behind the same `implementation="pallas"` name, validated
   on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
-  WGMMA), chosen with gpu_lowering="mosaic" (default "triton" until it has run on a Hopper GPU);
+  WGMMA), chosen with target="mosaic_gpu" ("auto" keeps Triton until it has run on a Hopper GPU);
   its residuals feed the same Triton backward.
-TPU lowering: Mosaic TPU, with its own launch (`kernels/_tpu.py`). The kernels see head-major
+TPU lowering: Mosaic TPU, with its own launch (`kernels/targets/tpu.py`). The kernels see head-major
 [B, H, T, d] operands (transposed by XLA around the pallas_call), so every block's last two dims
 are (rows, d), with rows a multiple of 8 and d the whole (padded) head dim; row statistics are
 [B, H, T, 1] columns and lengths [B, 1, 128] rows (see `kernels/_common.py`). Where the GPU
@@ -49,23 +49,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _skeleton, _tpu
-from kernels._common import (LEN_SPEC, BlockSizes, full_spec, positions, row_spec, stats_full_spec,
-                             stats_spec)
+from kernels import _common, _grid_steps, _skeleton, launch
+from kernels._common import BlockSizes, positions
+from kernels.launch import LENGTHS, OTHER, ROW
+from kernels.targets import AUTO
 
 _F32 = jnp.float32
-# Defaults per implementation. GPU: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
-GPU_BLOCKS = BlockSizes(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
-# TPU: multiples of the 128-wide lanes and MXU, larger than the 128 of JAX's own TPU flash
-# attention (`BlockSizes.get_default`, which its source calls provisional) to amortize the fixed
-# cost of each grid step; the backward's tiles are halved since it keeps four [bq, bk] float32
-# tiles (S, P, dP, dS) live. Every d up to 256 in float32 compiles within v5e's 16 MiB of scoped
-# VMEM at T = 16k (libtpu, deviceless); untimed on a TPU.
-TPU_BLOCKS = BlockSizes(block_q=512, block_k=512, block_q_bwd=256, block_k_bwd=256)
-# Interpret mode: large tiles mean few grid steps, which is what costs time there.
-INTERPRET_BLOCKS = BlockSizes(block_q=64, block_k=64)
-# Blocked CPU path: query chunk x key step (see docs/benchmarks.md for the time/memory trade).
-BLOCKED_BLOCKS = BlockSizes(block_q=512, block_k=512)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,7 +150,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
 
 
 # ----------------------------------------------------------------------------------------------
-# TPU kernel bodies (grid (b, h, r, c), see kernels/_tpu.py): one [bq, bk] tile per step, the
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py): one [bq, bk] tile per step, the
 # reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
 # written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`).
 
@@ -170,7 +159,7 @@ def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
   block_q, block_k = q_ref.shape[0], k_ref.shape[0]
   i, j = pl.program_id(2), pl.program_id(3)
   lengths = kl_ref[0, 0], ql_ref[0, 0]
-  _tpu.online_softmax_steps(
+  _grid_steps.online_softmax_steps(
       *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
       update=lambda carry: _fwd_tile(carry, q_ref[...], k_ref[...], v_ref[...],
                                      positions(i, block_q), positions(j, block_k), lengths,
@@ -194,7 +183,7 @@ def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_r
   def write():
     dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
 
-  _tpu.reduce_steps(
+  _grid_steps.reduce_steps(
       [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
       accumulate=accumulate, write=write)
 
@@ -219,13 +208,14 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
   lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  _tpu.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi), accumulate=accumulate,
+  _grid_steps.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi), accumulate=accumulate,
                     write=write)
 
 
 # ----------------------------------------------------------------------------------------------
-# pallas_call wrappers: grids and BlockSpecs. Operands arrive padded by `_skeleton.pallas_padded`
-# (T to block multiples, d to powers of two >= 16); theta is None (the score has no parameters).
+# The pallas_calls, described for the target's launch (`kernels/launch.py`: roles, not BlockSpecs).
+# Operands arrive padded by `_skeleton.pallas_padded` (T to block multiples, d to powers of two
+# >= 16); theta is None (the score has no parameters).
 
 
 def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
@@ -236,60 +226,40 @@ def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
   nbytes = sum(x.size * x.dtype.itemsize for x in (q, k, v)) * 2
-  out_shapes, out_specs = _common.forward_outputs(q, v, bq)
-  gpu = _common.Launch(
-      functools.partial(_fwd_kernel, block_k=bk, **kw), (Tq // bq, B, H),
-      (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), LEN_SPEC, LEN_SPEC), out_specs)
-  keys = _tpu.key_rows(bq, bk, cfg.causal)
-  tpu = _common.Launch(
-      functools.partial(_fwd_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
-      (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.LEN_SPEC,
-       _tpu.LEN_SPEC), (_tpu.spec(bq, dv), _tpu.spec(bq, 1)),
-      _tpu.scratch((bq, 1), (bq, 1), (bq, dv)), _tpu.SEMANTICS)
-  out, lse = _common.call_kernel(
-      (q, k, v, _common.length_rows(kl), _common.length_rows(ql)), out_shapes, gpu, tpu=tpu,
-      cfg=cfg, name="flash_attention_fwd", head_dim=d,
+  call = launch.Call(
+      "flash_attention_fwd", writes="q", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(ROW, OTHER, OTHER, LENGTHS, LENGTHS), outputs=(ROW, ROW),
+      out_shapes=_common.forward_outputs(q, v),
+      loop_body=lambda br: functools.partial(_fwd_kernel, block_k=br, **kw),
+      grid_body=functools.partial(_fwd_tpu_kernel, **kw), head_dim=d,
+      grid_scratch=((bq, 1), (bq, 1), (bq, dv)),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
                                     bytes_accessed=nbytes))
+  out, lse = cfg.target.launch(
+      call, (q, k, v, _common.length_rows(kl), _common.length_rows(ql)), cfg)
   return out, lse[..., 0]
 
 
 def _backward(q, k, v, theta, do, lse, delta, kl, ql, cfg: _skeleton.Config):
-  B, H, Tq, d = q.shape
-  Tk, dv = k.shape[2], v.shape[-1]
+  d, dv = q.shape[-1], v.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   inputs = (q, k, v, do, lse[..., None], delta[..., None], _common.length_rows(kl),
             _common.length_rows(ql))
-  keys = _tpu.key_rows(bq, bk, cfg.causal)
-  (dq,) = _common.call_kernel(
-      inputs, [jax.ShapeDtypeStruct(q.shape, q.dtype)],
-      _common.Launch(
-          functools.partial(_dq_kernel, block_k=bk, **kw), (Tq // bq, B, H),
-          (row_spec(bq, d), full_spec(Tk, d), full_spec(Tk, dv), row_spec(bq, dv),
-           stats_spec(bq), stats_spec(bq), LEN_SPEC, LEN_SPEC), (row_spec(bq, d),)),
-      tpu=_common.Launch(
-          functools.partial(_dq_tpu_kernel, **kw), (B, H, Tq // bq, Tk // bk),
-          (_tpu.spec(bq, d), _tpu.spec(bk, d, keys), _tpu.spec(bk, dv, keys), _tpu.spec(bq, dv),
-           _tpu.spec(bq, 1), _tpu.spec(bq, 1), _tpu.LEN_SPEC, _tpu.LEN_SPEC),
-          (_tpu.spec(bq, d),), _tpu.scratch((bq, d)), _tpu.SEMANTICS),
-      cfg=cfg, name="flash_attention_dq", head_dim=d)
-  queries = _tpu.query_rows(bq, bk, Tq // bq, cfg.causal)
-  dk, dv_ = _common.call_kernel(
-      inputs, [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      _common.Launch(
-          functools.partial(_dkdv_kernel, block_q=bq, **kw), (Tk // bk, B, H),
-          (full_spec(Tq, d), row_spec(bk, d), row_spec(bk, dv), full_spec(Tq, dv),
-           stats_full_spec(Tq), stats_full_spec(Tq), LEN_SPEC, LEN_SPEC),
-          (row_spec(bk, d), row_spec(bk, dv))),
-      tpu=_common.Launch(
-          functools.partial(_dkdv_tpu_kernel, **kw), (B, H, Tk // bk, Tq // bq),
-          (_tpu.spec(bq, d, queries), _tpu.spec(bk, d), _tpu.spec(bk, dv),
-           _tpu.spec(bq, dv, queries), _tpu.spec(bq, 1, queries), _tpu.spec(bq, 1, queries),
-           _tpu.LEN_SPEC, _tpu.LEN_SPEC),
-          (_tpu.spec(bk, d), _tpu.spec(bk, dv)), _tpu.scratch((bk, d), (bk, dv)),
-          _tpu.SEMANTICS),
-      cfg=cfg, name="flash_attention_dkdv", head_dim=d)
+  (dq,) = cfg.target.launch(launch.Call(
+      "flash_attention_dq", writes="q", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(ROW, OTHER, OTHER, ROW, ROW, ROW, LENGTHS, LENGTHS), outputs=(ROW,),
+      out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+      loop_body=lambda br: functools.partial(_dq_kernel, block_k=br, **kw),
+      grid_body=functools.partial(_dq_tpu_kernel, **kw), head_dim=d,
+      grid_scratch=((bq, d),)), inputs, cfg)
+  dk, dv_ = cfg.target.launch(launch.Call(
+      "flash_attention_dkdv", writes="k", block_q=bq, block_k=bk, causal=cfg.causal,
+      inputs=(OTHER, ROW, ROW, OTHER, OTHER, OTHER, LENGTHS, LENGTHS), outputs=(ROW, ROW),
+      out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+      loop_body=lambda br: functools.partial(_dkdv_kernel, block_q=br, **kw),
+      grid_body=functools.partial(_dkdv_tpu_kernel, **kw), head_dim=d,
+      grid_scratch=((bk, d), (bk, dv))), inputs, cfg)
   return dq, dk, dv_, theta
 
 
@@ -318,17 +288,9 @@ def _check_inputs(q, k, v, theta):
     raise ValueError(f"empty head dim or sequence: q {q.shape}, k {k.shape}, v {v.shape}")
 
 
-def _mosaic_forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
-  """gpu_lowering="mosaic": the Mosaic GPU forward, with this module's Triton one as fallback."""
-  from kernels import flash_attention_mgpu  # imports Mosaic GPU (~0.4 s): only when chosen
-  return flash_attention_mgpu.forward(q, k, v, theta, kl, ql, cfg, fallback=_forward)
-
-
-SPEC = _skeleton.KernelSpec(
+KERNEL = _skeleton.FusedKernel(
     name="flash_attention", forward=_forward, backward=_backward, score=_dot_score,
-    check_inputs=_check_inputs, gpu_blocks=GPU_BLOCKS, tpu_blocks=TPU_BLOCKS,
-    interpret_blocks=INTERPRET_BLOCKS, blocked_blocks=BLOCKED_BLOCKS,
-    mosaic_forward=_mosaic_forward)
+    check_inputs=_check_inputs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,13 +302,12 @@ def _scale(q, scale):
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "implementation", "block_q",
-                                             "block_k", "block_sizes", "interpret",
-                                             "gpu_lowering"))
+                                             "block_k", "block_sizes", "interpret", "target"))
 def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
                        scale: float | None = None, implementation: str = "auto",
                        block_q: int | None = None, block_k: int | None = None,
                        block_sizes: BlockSizes | None = None, interpret: bool | None = None,
-                       gpu_lowering: str = "triton"):
+                       target: str = AUTO):
   """Scaled dot-product attention and its log-sum-exp, without forming [Tq, Tk].
 
   q: [B, Tq, H, d], k: [B, Tk, H, d], v: [B, Tk, H, dv]; float32, bfloat16 or float16, one dtype.
@@ -354,28 +315,31 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   causal: query i sees keys j <= i (top-left aligned). scale: Python float, default 1/sqrt(d).
   implementation: "pallas" (Triton on GPU, Mosaic on TPU; interpret mode on CPU), "blocked" (pure
     JAX, exact, O(T·block) memory), "xla" (dense reference), "auto" (pallas on GPU, blocked
-    elsewhere).
+    elsewhere; a named target's own implementation).
+  target: a registered kernel target (`kernels.targets`: "triton", "mosaic_gpu", "tpu",
+    "cpu_blocked", the interpreters "interpret", "tpu_interpret", "mosaic_gpu_interpret") or
+    "auto" (the target of the platform lowered for: Triton on CUDA/ROCm, Mosaic TPU on TPU).
+    The target supplies the launch and the default tiles. "mosaic_gpu" runs the Mosaic GPU
+    forward for Hopper (bfloat16/float16, d <= 256; float32 keeps the Triton forward), backward
+    Triton. A target that cannot run the call raises ValueError.
   block_q, block_k: tile sizes (powers of two >= 16), or block_sizes=BlockSizes(...) for the
     backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode
-    (True: the GPU launch; `pltpu.InterpretParams()`: the TPU launch on JAX's TPU interpreter).
-  gpu_lowering: the forward of implementation="pallas" on CUDA: "triton" (default), or "mosaic",
-    the Mosaic GPU forward for Hopper (kernels/flash_attention_mgpu.py: bfloat16/float16, d <= 256;
-    float32 keeps the Triton forward; interpret mode runs the Mosaic GPU interpreter). The backward
-    is Triton either way. Other implementations and targets ignore it.
+    (True: the target's interpreter; `pltpu.InterpretParams()`: the TPU launch on JAX's TPU
+    interpreter); None interprets on a CPU host.
   Returns (out [B, Tq, H, dv] in the input dtype, lse [B, Tq, H] float32). A query row with no
   visible key gets out = 0 and lse = -inf, and zero gradients. Differentiable (custom_vjp).
   """
-  kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
-  return _skeleton.dispatch(SPEC, q, k, v, None, kl, ql, causal=causal,
+  kl, ql = _skeleton.check(KERNEL, q, k, v, None, key_lengths, query_lengths)
+  return _skeleton.dispatch(KERNEL, q, k, v, None, kl, ql, causal=causal,
                             implementation=implementation, block_q=block_q, block_k=block_k,
-                            block_sizes=block_sizes, interpret=interpret,
-                            gpu_lowering=gpu_lowering, scale=_scale(q, scale))
+                            block_sizes=block_sizes, interpret=interpret, target=target,
+                            scale=_scale(q, scale))
 
 
 def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
               scale: float | None = None, implementation: str = "auto", block_q: int | None = None,
               block_k: int | None = None, block_sizes: BlockSizes | None = None,
-              interpret: bool | None = None, gpu_lowering: str = "triton"):
+              interpret: bool | None = None, target: str = AUTO):
   """Scaled dot-product attention: out [B, Tq, H, dv]. See `attention_with_lse` for arguments.
 
   A query row with no visible key returns zeros (value and gradient), never NaN.
@@ -383,25 +347,25 @@ def attention(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = F
   return attention_with_lse(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths,
                             causal=causal, scale=scale, implementation=implementation,
                             block_q=block_q, block_k=block_k, block_sizes=block_sizes,
-                            interpret=interpret, gpu_lowering=gpu_lowering)[0]
+                            interpret=interpret, target=target)[0]
 
 
 def pallas_attention_padded(q, k, v, *, key_lengths=None, query_lengths=None, causal: bool = False,
                             scale: float | None = None, block_sizes: BlockSizes | None = None,
                             interpret: bool | None = None, poison: bool = False,
-                            gpu_lowering: str = "triton"):
+                            target: str = AUTO):
   """The Pallas kernels on padded shapes, for tests and benchmarks (not jitted; differentiable).
 
-  Arguments as in `attention_with_lse`; block_sizes default to the Pallas tiles (GPU_BLOCKS,
-  TPU_BLOCKS on a TPU, INTERPRET_BLOCKS in interpret mode). poison=True starts every output
-  buffer of the forward and backward kernels as NaN, so an element a kernel fails to write shows
-  as NaN (the Mosaic GPU forward of gpu_lowering="mosaic" writes whole tiles and takes no poison).
+  Arguments as in `attention_with_lse` (target "auto" compiled: the host's platform's target);
+  block_sizes default to the target's tiles. poison=True starts every output buffer of the
+  forward and backward kernels as NaN, so an element a kernel fails to write shows as NaN (the
+  Mosaic GPU forward of target="mosaic_gpu" writes whole tiles and takes no poison).
   Returns the padded (out [B, Tq_p, H, dv_p] in the input dtype, lse [B, H, Tq_p] float32):
   Tq_p a multiple of the query tiles, dv_p a power of two >= 16.
   """
-  kl, ql = _skeleton.check(SPEC, q, k, v, None, key_lengths, query_lengths)
-  return _skeleton.pallas_padded(SPEC, q, k, v, None, kl, ql, causal=causal, blocks=block_sizes,
-                                 interpret=interpret, poison=poison, gpu_lowering=gpu_lowering,
+  kl, ql = _skeleton.check(KERNEL, q, k, v, None, key_lengths, query_lengths)
+  return _skeleton.pallas_padded(KERNEL, q, k, v, None, kl, ql, causal=causal, blocks=block_sizes,
+                                 target=target, interpret=interpret, poison=poison,
                                  scale=_scale(q, scale))
 
 

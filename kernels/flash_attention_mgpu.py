@@ -3,7 +3,7 @@
     out_i = Σ_j softmax_j(scale · q_i·k_j over valid j) v_j,   lse_i = log Σ_j exp(scale · q_i·k_j)
 
 Same inputs, outputs and residuals as the Triton forward in `kernels/flash_attention.py` (chosen
-there with `gpu_lowering="mosaic"`), so the custom_vjp's Triton backward consumes them unchanged:
+with target="mosaic_gpu", `kernels/targets/mosaic_gpu.py`), so the custom_vjp's Triton backward consumes them unchanged:
 padded head-major q [B, H, Tq_p, d_p], k [B, H, Tk_p, d_p], v [B, H, Tk_p, dv_p] ->
 (out [B, H, Tq_p, dv_p] in the input dtype, lse [B, H, Tq_p] float32). Masks as in
 `kernels/_common.py` (key lengths, query lengths, causal top-left aligned); a row with no visible
@@ -238,10 +238,12 @@ def mosaic_forward(q, k, v, kl, ql, *, scale: float, causal: bool, block_k: int,
 
 
 def forward(q, k, v, theta, kl, ql, cfg, *, fallback):
-  """The `KernelSpec.mosaic_forward` hook: the Mosaic GPU forward where it applies, `fallback`
-  (the Triton forward, same arguments) for float32 or wide heads and for non-CUDA targets.
+  """The "mosaic_gpu" targets' forward of the dot-product kernel (`kernels/targets/mosaic_gpu.py`):
+  the Mosaic GPU forward where it applies, `fallback` (the kernel's own forward on the target's
+  Triton launch, same arguments) for float32 or wide heads. The target is compiled for CUDA only,
+  or interpreted (cfg.interpret: the Mosaic GPU interpreter).
 
-  Operands as `_skeleton.KernelSpec.forward`'s (padded, head-major). Returns (out [B, H, Tq_p,
+  Operands as `_skeleton.FusedKernel.forward`'s (padded, head-major). Returns (out [B, H, Tq_p,
   dv_p], lse [B, H, Tq_p] float32). cfg.poison does not apply: every tile is written whole.
   """
   if not supports(q.dtype, q.shape[-1], v.shape[-1]):
@@ -250,10 +252,5 @@ def forward(q, k, v, theta, kl, ql, cfg, *, fallback):
   while block_k > FEATURE_MULTIPLE and (
       smem_bytes(q.shape[-1], v.shape[-1], block_k, q.dtype) > SMEM_LIMIT):
     block_k //= 2  # e.g. d = 256 with block_k = 128 would not fit
-  run = functools.partial(mosaic_forward, scale=dict(cfg.score_kw)["scale"], causal=cfg.causal,
-                          block_k=block_k)
-  if cfg.interpret:
-    return run(q, k, v, kl, ql, interpret=True)
-  return lax.platform_dependent(
-      q, k, v, kl, ql, cuda=run,
-      default=lambda q, k, v, kl, ql: fallback(q, k, v, theta, kl, ql, cfg))
+  return mosaic_forward(q, k, v, kl, ql, scale=dict(cfg.score_kw)["scale"], causal=cfg.causal,
+                        block_k=block_k, interpret=bool(cfg.interpret))

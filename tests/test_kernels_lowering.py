@@ -18,7 +18,7 @@ import kernels
 from kernels import additive, flash_attention
 
 # The Triton lowering for CUDA; the Mosaic TPU lowering is pinned in tests/test_kernels_tpu.py,
-# the dot kernel's Mosaic GPU forward (gpu_lowering="mosaic") in tests/test_kernels_mgpu.py.
+# the dot kernel's Mosaic GPU forward (target="mosaic_gpu") in tests/test_kernels_mgpu.py.
 PLATFORMS = ("cuda",)
 TRITON_CALL = "__gpu$xla.gpu.triton"
 CALL_RE = re.compile(r"stablehlo\.custom_call @(\S+?)\(")
@@ -70,6 +70,12 @@ def _export(platform, kernel, dtype, d, dv, masked, backward):
   return jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(*args)
 
 
+def _triton_tiles(kernel):
+  """The tiles the "triton" target gives the kernel ("dot" or "additive")."""
+  name = (flash_attention if kernel == "dot" else additive).KERNEL.name
+  return kernels.targets.get("triton").tiles(name)
+
+
 def _smem_estimate(kernel, launch, dtype, d, dv):
   """Estimated shared-memory bytes of one thread block of a launch (Triton reports the real figure
   only when it compiles, which needs a GPU, and the exported module does not expose it).
@@ -77,7 +83,7 @@ def _smem_estimate(kernel, launch, dtype, d, dv):
   Counted like FlashAttention's tile budget: the tiles resident for the whole program once, the
   tiles streamed through the inner loop once per pipeline stage, all in the input dtype.
   """
-  blocks = (flash_attention if kernel == "dot" else additive).GPU_BLOCKS
+  blocks = _triton_tiles(kernel)
   nbytes = jnp.dtype(dtype).itemsize
   if launch.endswith("_fwd"):  # resident q [bq, d]; streamed k [bk, d], v [bk, dv]
     bq, bk = blocks.block_q, blocks.block_k
@@ -103,7 +109,7 @@ def test_kernels_lower_to_triton(platform, kernel, dtype, d, dv, masked, backwar
   names = re.findall(r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)
   expected = LAUNCHES[kernel][backward]
   assert sorted(n for n, _, _ in names) == sorted(expected)
-  blocks = (flash_attention if kernel == "dot" else additive).GPU_BLOCKS
+  blocks = _triton_tiles(kernel)
   warps = blocks.num_warps or (4 if max(d, dv) <= 64 else 8)
   for name, stages, num_warps in names:
     assert (int(stages), int(num_warps)) == (blocks.num_stages, warps), name

@@ -1,4 +1,4 @@
-"""The Mosaic GPU forward of the dot-product kernel (`gpu_lowering="mosaic"`): cross-lowered for
+"""The Mosaic GPU forward of the dot-product kernel (target "mosaic_gpu"): cross-lowered for
 CUDA on any host, and run in JAX's Mosaic GPU interpreter against the float64 reference.
 
 Lowering: `jax.export` for "cuda" runs the whole Mosaic GPU lowering (layouts, WGMMA operand
@@ -40,7 +40,7 @@ CASES = [(dt, d, masked) for dt in (jnp.bfloat16, jnp.float16) for d in (64, 128
 
 
 def _attend(masked, **kw):
-  kw = dict(causal=masked, implementation="pallas", interpret=False, gpu_lowering="mosaic", **kw)
+  kw = dict(causal=masked, implementation="pallas", interpret=False, target="mosaic_gpu", **kw)
   return lambda q, k, v, kl, ql: kernels.attention(q, k, v, key_lengths=kl, query_lengths=ql,
                                                    **kw)
 
@@ -94,10 +94,14 @@ def test_a_key_tile_too_large_for_shared_memory_is_halved(smem_figures):
   assert fm.smem_bytes(256, 256, 64, jnp.bfloat16) <= smem_figures[0] <= SMEM_LIMIT
 
 
-def test_other_targets_ignore_it():
-  """For a TPU, gpu_lowering="mosaic" changes nothing: the Mosaic TPU kernels, as by default."""
+def test_other_platforms_get_their_own_target():
+  """The target names what runs: "mosaic_gpu" is compiled for CUDA only, so lowering it for a
+  TPU is refused, while target "auto" lowers the Mosaic TPU kernels there."""
   x = jax.ShapeDtypeStruct((1, 64, 1, 64), jnp.bfloat16)
-  text = jax.export.export(jax.jit(_attend(False)), platforms=["tpu"])(x, x, x, None, None)
+  with pytest.raises(Exception, match="tpu"):
+    jax.export.export(jax.jit(_attend(False)), platforms=["tpu"])(x, x, x, None, None)
+  auto = lambda q, k, v: kernels.attention(q, k, v, implementation="pallas", interpret=False)
+  text = jax.export.export(jax.jit(auto), platforms=["tpu"])(x, x, x)
   assert CALL_RE.findall(text.mlir_module()) == ["tpu_custom_call"]
 
 
@@ -107,10 +111,16 @@ def test_smem_estimate_figures():
   assert fm.smem_bytes(256, 256, 64, jnp.bfloat16) == 196864 <= SMEM_LIMIT
 
 
-def test_unknown_gpu_lowering_is_refused():
+def test_unknown_target_is_refused():
   q = jnp.zeros((1, 8, 1, 16), jnp.bfloat16)
-  with pytest.raises(ValueError, match=r"^unknown gpu_lowering 'cutlass'; known: triton, mosaic"):
-    kernels.attention(q, q, q, implementation="pallas", gpu_lowering="cutlass")
+  with pytest.raises(ValueError, match=r"^unknown target 'cutlass'; known: auto, triton, "):
+    kernels.attention(q, q, q, implementation="pallas", target="cutlass")
+
+
+def test_the_additive_kernel_has_no_mosaic_gpu_target():
+  q, w = jnp.zeros((1, 8, 1, 16), jnp.bfloat16), jnp.zeros((1, 16), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"^target 'mosaic_gpu' does not run the additive_attention"):
+    kernels.additive_attention(q, q, w, q, target="mosaic_gpu", interpret=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,10 +138,10 @@ VALUE_CASES = [
 ]
 
 
-def _run(case, q, k, v, kl, ql, gpu_lowering, implementation="pallas"):
+def _run(case, q, k, v, kl, ql, target, implementation="pallas"):
   return fa.attention_with_lse(q, k, v, key_lengths=kl, query_lengths=ql, causal=case.causal,
                                implementation=implementation, interpret=True,
-                               gpu_lowering=gpu_lowering)
+                               target=target)
 
 
 @pytest.mark.parametrize("case,dtype", VALUE_CASES, ids=kc.ids(VALUE_CASES))
@@ -140,8 +150,8 @@ def test_interpreted_forward_and_gradients_match_float64(case, dtype):
   q, k, v, kl, ql = kc.dot_inputs(case, dtype)
   cts = kc.cotangents(case)
   ref = kc.np_attention(q, k, v, kl, ql, case.causal, case.d ** -0.5, *cts)
-  got_fn = lambda q, k, v: _run(case, q, k, v, kl, ql, "mosaic")
-  naive_fn = lambda q, k, v: _run(case, q, k, v, kl, ql, "triton", implementation="xla")
+  got_fn = lambda q, k, v: _run(case, q, k, v, kl, ql, "mosaic_gpu")
+  naive_fn = lambda q, k, v: _run(case, q, k, v, kl, ql, "auto", implementation="xla")
   got = (*got_fn(q, k, v), *kc.loss_and_grads(got_fn, (q, k, v), *cts))
   naive = (*naive_fn(q, k, v), *kc.loss_and_grads(naive_fn, (q, k, v), *cts))
   for name, g, n, r in zip(("out", "lse", "dq", "dk", "dv"), got, naive, ref):
@@ -153,10 +163,10 @@ def test_interpreted_forward_and_gradients_match_float64(case, dtype):
 
 
 def test_interpreted_kernel_is_the_mosaic_one(monkeypatch):
-  """gpu_lowering="mosaic" in interpret mode runs the Mosaic GPU kernel, not the Triton one."""
+  """target="mosaic_gpu" in interpret mode runs the Mosaic GPU kernel, not the Triton one."""
   calls = []
   real = fm.mosaic_forward
   monkeypatch.setattr(fm, "mosaic_forward", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
   q = jnp.ones((1, 20, 1, 64), jnp.bfloat16)
-  fa.attention(q, q, q, implementation="pallas", interpret=True, gpu_lowering="mosaic")
+  fa.attention(q, q, q, implementation="pallas", interpret=True, target="mosaic_gpu")
   assert [c["interpret"] for c in calls] == [True]

@@ -3,7 +3,7 @@
 Exporting runs the whole Pallas TPU lowering (block-shape and memory-space checks, the kernel body
 to Mosaic MLIR) without a TPU; the module must hold one `tpu_custom_call` per Pallas kernel, named
 after it, so a silent fallback to XLA or a missing backward kernel fails. The kernels' TPU
-launch (kernels/_tpu.py) is checked from its jaxpr: grid semantics, the VMEM its blocks and
+launch (kernels/targets/tpu.py) is checked from its jaxpr: grid semantics, the VMEM its blocks and
 scratch take at T = 16k, and which blocks a causal step fetches. Mosaic's own layout passes and
 the VMEM budget belong to the TPU compiler in libtpu: the last test runs it, deviceless, where
 libtpu is installed. Values are tested in interpret mode (tests/test_kernels_attention.py,
@@ -32,18 +32,17 @@ _LENGTHS = (jax.ShapeDtypeStruct((B,), jnp.int32),) * 2  # key_lengths, query_le
 
 def _dot(d, dt, Tq=TQ, Tk=TK):
   def f(q, k, v, kl, ql):
-    # The tiles "pallas" defaults to on a TPU (here the host is a CPU).
+    # Target "auto": lowered for a TPU, the "tpu" target's launch and tiles (the host is a CPU).
     return fa.attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=True,
-                        implementation="pallas", interpret=False, block_sizes=fa.TPU_BLOCKS)
+                        implementation="pallas", interpret=False)
   return f, (_arr(Tq, d, dt), _arr(Tk, d, dt), _arr(Tk, d, dt)), "flash_attention", ("dq", "dkdv")
 
 
 def _additive(d, dt, Tq=TQ, Tk=TK):
   def f(q, k, w, v, kl, ql):
-    # The tiles "pallas" defaults to on a TPU (here the host is a CPU): see test_tpu_tiles below.
+    # Target "auto": the "tpu" target's launch and tiles (tests/test_kernels_targets.py).
     return aa.additive_attention(q, k, w, v, key_lengths=kl, query_lengths=ql, causal=True,
-                                 implementation="pallas", interpret=False,
-                                 block_sizes=aa.TPU_BLOCKS)
+                                 implementation="pallas", interpret=False)
   args = (_arr(Tq, d, dt), _arr(Tk, d, dt), jax.ShapeDtypeStruct((H, d), dt), _arr(Tk, 64, dt))
   return f, args, "additive_attention", ("dq", "dkv")
 
@@ -87,33 +86,32 @@ def test_kernel_lowers_to_mosaic_tpu(kernel, d, dtype, backward):
   assert n_calls == len(expected)
 
 
-def test_tpu_tiles_are_the_default_on_a_tpu(monkeypatch):
-  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  assert aa.SPEC.default_blocks("pallas", interpret=False) == aa.TPU_BLOCKS
-  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.TPU_BLOCKS
-  assert aa.SPEC.default_blocks("pallas", interpret=True) == aa.INTERPRET_BLOCKS
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert fa.SPEC.default_blocks("pallas", interpret=False) == fa.GPU_BLOCKS
-
-
 # ----------------------------------------------------------------------------------------------
 # The TPU launch, read from the jaxpr: the pallas_calls of the platform switch's TPU
 # branch (its default branch where there is no TPU one).
 
 
+def pallas_calls(jaxpr, platform):
+  """The pallas_call equations of `jaxpr` (nested jaxprs included) that run when lowered for
+  `platform`: in a platform switch, only its branch for `platform` (or its default)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn
+      continue
+    platforms = eqn.params.get("branches_platforms")
+    if platforms is None:
+      subs = jax.extend.core.jaxprs_in_params(eqn.params)
+    else:
+      branches = dict(zip(platforms, eqn.params["branches"]))
+      subs = [b for b in [next((b for p, b in branches.items() if p and platform in p),
+                               branches.get(None))] if b is not None]
+    for sub in subs:
+      yield from pallas_calls(getattr(sub, "jaxpr", sub), platform)
+
+
 def _tpu_kernels(f, *args):
   """{name: pallas_call equation} of what f launches when lowered for TPU."""
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      platforms = eqn.params.get("branches_platforms")
-      if platforms is None:
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-          yield from walk(sub)
-        continue
-      branches = dict(zip(platforms, eqn.params["branches"]))
-      tpu = next((b for p, b in branches.items() if p and "tpu" in p), branches.get(None))
-      yield from (e for e in tpu.jaxpr.eqns if e.primitive.name == "pallas_call")
-  return {str(e.params["name"]): e for e in walk(jax.make_jaxpr(f)(*args).jaxpr)}
+  return {str(e.params["name"]): e for e in pallas_calls(jax.make_jaxpr(f)(*args).jaxpr, "tpu")}
 
 
 def _vmem_bytes(shape, dtype):

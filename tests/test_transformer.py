@@ -236,14 +236,17 @@ def _forward_and_grad(graphdef, state, batch):
   return _loss_and_grad(nnx.merge(graphdef, state), _perturbed(batch))
 
 
-def test_fused_equals_unfused_in_value_and_gradient():
+@pytest.mark.parametrize("target", [True, "cpu_blocked"])
+def test_fused_equals_unfused_in_value_and_gradient(target):
   """Scaled-dot self-attention (causal in the decoder, RoPE-rotated) through kernels.attention,
   additive cross-attention through kernels.additive_attention; the unfused twin is a case of
-  test_masks_cache_decoding_and_gradients (recomputed here when run alone)."""
+  test_masks_cache_decoding_and_gradients (recomputed here when run alone). model.fused may name
+  the kernel target; every role carries it."""
   cfg = _cfg(**FUSED_CASE)
-  fused = build_model(cfg.replace(fused=True))
-  assert all(a.fused for a in (fused.encoder.layers[0].attn, fused.decoder.layers[0].self_attn,
-                               fused.decoder.layers[0].cross))
+  fused = build_model(cfg.replace(fused=target))
+  assert all(a.fused == target for a in (fused.encoder.layers[0].attn,
+                                         fused.decoder.layers[0].self_attn,
+                                         fused.decoder.layers[0].cross))
   batch = _batch()
   if not _FUSED_REFERENCE:
     logits, _, _, grads = _everything(*nnx.split(build_model(cfg)), batch)

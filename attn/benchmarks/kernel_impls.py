@@ -1,6 +1,6 @@
 """The implementations each fused kernel is benchmarked against, and what the benchmark needs to
 know of each kernel (its inputs, its FLOPs per query-key pair, its reference): `KERNELS`, a
-Registry of `KernelSpec`s, so the benchmark never branches on a kernel's name. jax alone.
+Registry of `BenchImpl`s, so the benchmark never branches on a kernel's name. jax alone.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _ours(fn, implementation, **options):
 
 
 def _ours_mosaic(fn):
-  """Our kernel with its Mosaic GPU forward (gpu_lowering="mosaic"): Hopper only (WGMMA)."""
-  ours = _ours(fn, "pallas", gpu_lowering="mosaic")
+  """Our kernel on target "mosaic_gpu" (its Mosaic GPU forward): Hopper only (WGMMA)."""
+  ours = _ours(fn, "pallas", target="mosaic_gpu")
 
   def build(causal, blocks):
     if jax.default_backend() != "gpu":
@@ -103,7 +103,7 @@ def _additive_inputs(keys, B, T, H, d, dv, dtype):
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelSpec:
+class BenchImpl:
   """What the benchmark needs to know of one fused kernel.
 
   impls: implementation name -> build(causal, blocks) -> fn(*inputs) -> out [B, T, H, dv]
@@ -121,8 +121,8 @@ class KernelSpec:
   pair_flops: Callable[[int, int], float]
 
 
-KERNELS: Registry[KernelSpec] = Registry("kernel", error=ConfigError)
-KERNELS.add("dot", KernelSpec(
+KERNELS: Registry[BenchImpl] = Registry("kernel", error=ConfigError)
+KERNELS.add("dot", BenchImpl(
     impls={
         "pallas": _ours(_flash.attention, "pallas"),
         "pallas_mosaic": _ours_mosaic(_flash.attention),  # Mosaic GPU forward, Triton backward
@@ -137,7 +137,7 @@ KERNELS.add("dot", KernelSpec(
     padded=_flash.pallas_attention_padded, reference=_flash.attention_reference,
     inputs=_dot_inputs, value_dim=lambda d: d,
     pair_flops=lambda d, dv: 4 * d))  # q.k and p.v, 2 FLOPs a multiply-add (dv = d)
-KERNELS.add("additive", KernelSpec(
+KERNELS.add("additive", BenchImpl(
     impls={
         "pallas": _ours(_additive.additive_attention, "pallas"),
         "blocked": _ours(_additive.additive_attention, "blocked"),

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn.benchmarks import harness
-from attn.benchmarks.kernel_impls import KERNELS, KernelSpec, Unavailable
+from attn.benchmarks.kernel_impls import KERNELS, BenchImpl, Unavailable
 from attn.common.files import atomic_path, write_text
 from attn.common.tables import markdown_table as _markdown_table
 from attn.config.configurable import option
@@ -99,7 +99,7 @@ class BenchConfig:
     return self.repeats_per_len[self.seq_lens.index(T)]
 
   @property
-  def spec(self) -> KernelSpec:
+  def spec(self) -> BenchImpl:
     return KERNELS.get(self.kernel)
 
   @property

@@ -121,8 +121,10 @@ class ModelConfig:
   enc_layers: int = option(1, "encoder layers")
   dec_layers: int = option(1, "decoder layers")
   dropout: float = option(0.2, "dropout rate")
-  fused: bool = option(False, "run attention through the fused kernels where the variant "
-                       "supports it (RNN: Luong without input feeding, dot/scaled_dot/additive)")
+  fused: bool | str = option(False, "run attention through the fused kernels where the variant "
+                             "supports it (RNN: Luong without input feeding, dot/scaled_dot/"
+                             "additive); True = kernel target 'auto', or a target's name "
+                             "(kernels.targets: triton, mosaic_gpu, tpu, cpu_blocked, ...)")
   max_src_len: int = option(128, "the longest source the `location` score (and a Transformer's "
                             "learned positions) can address")
   rnn: RNNConfig = option(RNNConfig(), "the recurrent model's settings (model.arch=rnn)")
@@ -135,6 +137,11 @@ class ModelConfig:
 
   def __post_init__(self):
     registries.ARCHS.get(self.arch)  # ConfigError listing the known ones
+    if isinstance(self.fused, str):
+      from kernels import targets  # pylint: disable=import-outside-toplevel  (only when named)
+      if self.fused not in ("auto", *targets.names()):
+        raise ConfigError(f"model.fused names no kernel target: {self.fused!r}; known: True, "
+                          f"False, auto, {', '.join(targets.names())}")
     _check_unread_sections(self)
     if min(self.src_vocab, self.tgt_vocab) < 1:
       raise ConfigError(f"model vocabularies must be non-empty (set from the data), got "

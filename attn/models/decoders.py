@@ -401,7 +401,7 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
       lengths = jnp.sum(memory["mask"], axis=-1).astype(jnp.int32)
       C, _ = attn.attend(values(self.score_params), H, memory["keys"], memory["values"],
                          score=cfg.rnn.score, temperature=cfg.rnn.temperature, key_lengths=lengths,
-                         keys_prepared=True, fused=True)  # the weights are never formed
+                         keys_prepared=True, fused=cfg.fused)  # the weights are never formed
       att = None
     else:
       C, att = self.attend(memory, H, jnp.broadcast_to(jnp.arange(Tt), (B, Tt)))

@@ -155,7 +155,8 @@ class Attention(nnx.Module):
     self.self_attention = spec.self_attention
     self.compute_dtype = compute_dtype
     self.pos = pos_encoding(cfg) if spec.self_attention else PositionalEncoding
-    self.fused = cfg.fused and fused_unsupported(cfg, field) is None
+    # False, or cfg.fused (True or a kernel target name) where this role can run fused
+    self.fused = cfg.fused if cfg.fused and fused_unsupported(cfg, field) is None else False
     # Additive scores get d_attn = dh: a [.., Tq, Tk, d_attn] tensor per head is formed unfused.
     self.params = as_params(attn.init_multihead(
         rngs.params(), tc.d_model, tc.num_heads, score=self.role.score, d_attn=tc.d_head,

@@ -1,0 +1,90 @@
+"""What a kernel asks a target to launch: one pallas_call, described without a grid or BlockSpecs.
+
+A kernel knows its bodies, its operands and what each operand is to the grid; a target
+(`kernels/targets/`) knows how to walk them on its platform. So a kernel describes each
+pallas_call as a `Call`: its operands by *role*, its output shapes, and one body per launch style,
+and the target's launch builder turns that into the grid, the BlockSpecs, on-chip scratch and its
+compiler params (`Target.launch(call, inputs, cfg)`).
+
+Every grid writes blocks of one sequence (`Call.writes`: the queries for the forward and dq
+kernels, the keys for dk/dv) and reads the other. Roles, for operands in the skeleton's padded
+head-major layout (`kernels/_skeleton.py`):
+- ROW: [B, H, T, w] along the written sequence: the block a grid step writes.
+- OTHER: [B, H, T, w] along the read sequence: all of it in a loop launch, one block per step
+  in a grid launch.
+- HEAD: [H, 1, w], one row per head (the additive score's v).
+- LENGTHS: [B, 1, LANES] int32 lengths (`_common.length_rows`).
+- BLOCK_ROW: [B, H, n_blocks, 1, w] output, one row per written block (partial sums added in XLA).
+
+Launch styles (which body a target runs):
+- "loop": grid (written block, b, h); the body loops over the read sequence held whole on chip
+  (Triton; the generic interpreter). `Call.loop_body(read_block)` returns the body.
+- "grid": grid (b, h, written block, read block); the body takes one [written, read] tile per
+  step of the innermost axis and accumulates in float32 scratch of `Call.grid_scratch` shapes
+  (Mosaic TPU; JAX's TPU interpreter). `Call.grid_body` is the body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ROW, OTHER, HEAD, LENGTHS, BLOCK_ROW = "row", "other", "head", "lengths", "block_row"
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One pallas_call of a kernel, target-neutral (see the module docstring).
+
+  writes: "q" or "k", the sequence whose blocks the grid writes. block_q, block_k: its tiles.
+  inputs, outputs: a role per operand (outputs in the order of out_shapes).
+  head_dim: the width a launch heuristic sizes by (Triton's num_warps).
+  """
+  name: str
+  writes: str
+  block_q: int
+  block_k: int
+  causal: bool
+  inputs: tuple[str, ...]
+  outputs: tuple[str, ...]
+  out_shapes: tuple
+  loop_body: Callable[[int], Callable]
+  grid_body: Callable
+  head_dim: int
+  grid_scratch: tuple[tuple[int, ...], ...] = ()
+  cost_estimate: Any = None
+
+  @property
+  def written_block(self) -> int:
+    return self.block_q if self.writes == "q" else self.block_k
+
+  @property
+  def read_block(self) -> int:
+    return self.block_k if self.writes == "q" else self.block_q
+
+  def lengths(self, inputs) -> tuple[int, int]:
+    """(T of the written sequence, T of the read one), from the first ROW and OTHER inputs."""
+    rows = next(x for x, r in zip(inputs, self.inputs) if r == ROW).shape[2]
+    other = next(x for x, r in zip(inputs, self.inputs) if r == OTHER).shape[2]
+    return rows, other
+
+
+def pallas_call(call: Call, inputs, cfg, *, kernel, grid, in_specs, out_specs,
+                scratch_shapes=(), compiler_params=None):
+  """pallas_call of a built launch; with cfg.poison, outputs start as NaN buffers aliased to
+  extra inputs (an element the kernel fails to write shows as NaN). Returns the outputs."""
+  extra, aliases = [], {}
+  if cfg.poison:
+    extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in call.out_shapes]
+    aliases = {len(inputs) + n: n for n in range(len(call.out_shapes))}
+  return tuple(pl.pallas_call(
+      kernel, out_shape=list(call.out_shapes), grid=grid,
+      in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []),
+      out_specs=list(out_specs), scratch_shapes=tuple(scratch_shapes),
+      input_output_aliases=aliases, interpret=cfg.interpret, name=call.name,
+      compiler_params=compiler_params, cost_estimate=call.cost_estimate,
+  )(*inputs, *extra))

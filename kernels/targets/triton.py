@@ -1,0 +1,86 @@
+"""Targets "triton" (CUDA/ROCm, Pallas' Triton lowering) and "interpret" (the same launch on
+JAX's generic Pallas interpreter, on any host): the "loop" launch style of `kernels/launch.py`.
+
+Grid (written block, b, h): a step keeps its [block, w] tile of the written sequence on chip and
+loops over the read sequence held whole (FlashAttention-2's schedule; no atomics, since dq and
+dk/dv are separate kernels). Triton needs power-of-two blocks of at least 16 rows and features.
+"""
+
+from __future__ import annotations
+
+from jax.experimental import pallas as pl
+
+from kernels import launch as launch_lib
+from kernels._common import LANES, BlockSizes
+from kernels.targets.base import TARGETS, Target
+
+# Tiles per kernel. Dot product: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
+# Additive: the tanh tile [block_q, block_k, block_d] lives in registers: 32 x 32 x 8 floats is
+# 64 per thread at 4 warps. Tune with experiments/bench_kernel.py.
+BLOCKS = {
+    "flash_attention": BlockSizes(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64,
+                                  num_stages=2),
+    "additive_attention": BlockSizes(block_q=32, block_k=32, block_d=8, num_warps=4,
+                                     num_stages=2),
+}
+# Interpret mode: large tiles mean few grid steps, which is what costs time there (additive:
+# block_d unset, all of d_attn at once).
+INTERPRET_BLOCKS = {"flash_attention": BlockSizes(block_q=64, block_k=64),
+                    "additive_attention": BlockSizes(block_q=64, block_k=64)}
+
+
+def row_spec(block, width):  # a [block, width] slab of [B, H, T, width], grid (row block, b, h)
+  return pl.BlockSpec((None, None, block, width), lambda r, b, h: (b, h, r, 0))
+
+
+def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
+  return pl.BlockSpec((None, None, T, width), lambda r, b, h: (b, h, 0, 0))
+
+
+# Lengths are [B, 1, LANES] rows read as `ref[0, 0]` (see `_common.length_rows`).
+LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda r, b, h: (b, 0, 0))
+
+# role -> BlockSpec of an operand x (its shape) whose written tile has `block` rows.
+_SPECS = {
+    launch_lib.ROW: lambda x, block: row_spec(block, x.shape[-1]),
+    launch_lib.OTHER: lambda x, block: full_spec(x.shape[2], x.shape[-1]),
+    launch_lib.HEAD: lambda x, block: pl.BlockSpec((None, 1, x.shape[-1]),
+                                                   lambda r, b, h: (h, 0, 0)),
+    launch_lib.LENGTHS: lambda x, block: LEN_SPEC,
+    launch_lib.BLOCK_ROW: lambda x, block: pl.BlockSpec((None, None, None, 1, x.shape[-1]),
+                                                        lambda r, b, h: (b, h, r, 0, 0)),
+}
+
+
+def compiler_params(blocks: BlockSizes, head_dim: int):
+  """Triton launch parameters: num_warps (default by head dim) and num_stages from the tiles.
+
+  Passed explicitly because with no params jax picks its GPU lowering from the
+  `jax_pallas_use_mosaic_gpu` flag (Mosaic GPU by default), which these kernels are not written for.
+  """
+  from jax.experimental.pallas import triton as pl_triton  # deprecated in jax 0.11: import lazily
+  num_warps = blocks.num_warps or (4 if head_dim <= 64 else 8)
+  return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
+
+
+def loop_launch(call: launch_lib.Call, inputs, cfg):
+  """The loop launch of `call` (compiled with Triton params unless cfg's target interprets)."""
+  block = call.written_block
+  B, H = call.out_shapes[0].shape[:2]
+  params = None if cfg.interpret else compiler_params(cfg.blocks, call.head_dim)
+  return launch_lib.pallas_call(
+      call, inputs, cfg, kernel=call.loop_body(call.read_block),
+      grid=(call.lengths(inputs)[0] // block, B, H),
+      in_specs=[_SPECS[r](x, block) for x, r in zip(inputs, call.inputs)],
+      out_specs=[_SPECS[r](s, block) for s, r in zip(call.out_shapes, call.outputs)],
+      compiler_params=params)
+
+
+TARGETS.add(Target(
+    name="triton", implementation="pallas", blocks=BLOCKS, launch=loop_launch,
+    platforms=("cuda", "rocm"), auto=True, interpreted="interpret",
+    summary="Pallas Triton on CUDA/ROCm; both kernels, forward and backward"))
+TARGETS.add(Target(
+    name="interpret", implementation="pallas", blocks=INTERPRET_BLOCKS, launch=loop_launch,
+    interpret=True,
+    summary="the Triton launch on JAX's generic Pallas interpreter (any host; tests)"))
