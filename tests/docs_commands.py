@@ -241,42 +241,55 @@ def _new_flags(before):
 
 
 def _check_module(module, commands):
-  """{index: error} for the commands of one experiments module (see the module docstring)."""
+  """{index: error} for the commands of one experiments module (see the module docstring). Each
+  command defines the module's flags afresh in a clean argv (its own), so that nothing one
+  command set (sys.argv, a parsed --config, an override flag) is seen by the next: a default
+  --config is loaded as a user without --config would load it."""
   from absl import app, flags  # pylint: disable=import-outside-toplevel
   from attn.launching import cli  # pylint: disable=import-outside-toplevel
   errors = {}
-  before = set(flags.FLAGS)
+  before, saved_argv = set(flags.FLAGS), sys.argv
   real = app.run, cli.run
   app.run, cli.run = _no_run, _no_run
   try:
-    with contextlib.redirect_stdout(io.StringIO()):
-      namespace = runpy.run_module(module, run_name="__main__", alter_sys=True)
-  except ImportError as e:
-    return {i: f"python -m {module}: the module cannot be imported ({e})" for i, _ in commands}
-  except Exception as e:  # pylint: disable=broad-except
-    return {i: f"python -m {module}: defining its flags failed: {type(e).__name__}: {e}"
-            for i, _ in commands}
-  finally:
-    app.run, cli.run = real
-  defined = set(flags.FLAGS)
-  try:
     for i, cmd in commands:
-      _new_flags(defined)  # the previous command's --config.* override flags
+      if cmd["template"]:  # a reference to a command written out elsewhere: the import checks it
+        argv = [module]
+      else:
+        argv = [module] + list(cmd["args"])
+      sys.argv = list(argv)  # ml_collections reads the --config.* overrides from sys.argv
+      try:
+        with contextlib.redirect_stdout(io.StringIO()):
+          namespace = runpy.run_module(module, run_name="__main__", alter_sys=True)
+      except ImportError as e:
+        errors[i] = f"python -m {module}: the module cannot be imported ({e})"
+        continue
+      except Exception as e:  # pylint: disable=broad-except
+        errors[i] = f"python -m {module}: defining its flags failed: {type(e).__name__}: {e}"
+        continue
+      finally:
+        sys.argv = list(argv)
       if cmd["template"]:
-        continue  # a reference to a command written out elsewhere: the import is the check
-      stderr, argv = io.StringIO(), [module] + list(cmd["args"])
+        _new_flags(before)
+        continue
+      stderr = io.StringIO()
       try:
         flags.FLAGS.unparse_flags()
-        sys.argv = argv  # ml_collections reads the --config.* overrides from sys.argv
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
           cli.parse_flags(argv)
           if "validate_config" in namespace:
             namespace["validate_config"](flags.FLAGS.config)
+          elif "config" in flags.FLAGS and flags.FLAGS["config"].present == 0:
+            flags.FLAGS.config  # pylint: disable=pointless-statement  (loads the default file)
       except SystemExit as e:
         errors[i] = stderr.getvalue().strip() or f"exit status {e.code}"
       except Exception as e:  # pylint: disable=broad-except
         errors[i] = f"{type(e).__name__}: {e}"
+      finally:
+        _new_flags(before)
   finally:
+    app.run, cli.run = real
+    sys.argv = saved_argv
     _new_flags(before)
   return errors
 
