@@ -23,8 +23,8 @@ from attn.data import pipeline
 from attn.launching import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "attn",
-                           "data", "config.py"), "data config file[:preset]", lock_config=True)
+    "config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "data.py"),
+    "data config file[:preset]", lock_config=True)
 
 
 @dataclasses.dataclass(frozen=True)
