@@ -1,4 +1,5 @@
-r"""The shell commands in README.md and docs/*.md, collected and checked without running them.
+r"""The shell commands in README.md, experiments/README.md and docs/*.md, collected and checked
+without running them.
 
 What counts as a command (tests/test_docs.py pins that each one is valid):
 - in a fenced block tagged `sh`, `bash`, `shell`, `console` or untagged: every invocation, in
@@ -220,12 +221,20 @@ def _inline(prose, rel):
   return found
 
 
-def collect_all():
-  """The Commands of README.md and docs/*.md, in file order."""
+def doc_paths():
+  """README.md, docs/*.md and experiments/README.md: the files whose commands and links are
+  checked. experiments/README.md comes last, so that the modules are validated in the order of
+  their first command elsewhere: listed first, it put data_stats right after translate, and
+  data_stats' FLAGS.config then read as a str (a state left between modules, not yet found)."""
   docs = os.path.join(REPO, "docs")
-  paths = [os.path.join(REPO, "README.md")] + sorted(
-      os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
-  return [c for p in paths for c in collect(p)]
+  return ([os.path.join(REPO, "README.md")]
+          + [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
+          + [os.path.join(REPO, "experiments", "README.md")])
+
+
+def collect_all():
+  """The Commands of doc_paths(), in file order."""
+  return [c for p in doc_paths() for c in collect(p)]
 
 
 def _no_run(main, *args, **kwargs):

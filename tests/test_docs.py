@@ -1,7 +1,7 @@
-"""The docs cannot drift from the code: every command in README.md and docs/*.md is valid (what
-counts as a command and how each is checked: tests/docs_commands.py), the README's preset list
-and layout map name everything there is, its links land on existing sections, and LICENSE and
-CITATION.cff agree with setup.cfg.
+"""The docs cannot drift from the code: every command in README.md, experiments/README.md and
+docs/*.md is valid (what counts as a command and how each is checked: tests/docs_commands.py), the
+README's preset list and layout map name everything there is, their links land on existing files
+and sections, and LICENSE and CITATION.cff agree with setup.cfg.
 
 No command is run: flags and configs are parsed in one subprocess (~10 s), `make -n` is a dry run.
 """
@@ -189,10 +189,8 @@ def test_links_from_the_readme_and_docs_land_on_existing_files_and_sections():
       heads = re.findall(r"^#+ (.+)$", f.read(), flags=re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
 
-  docs = os.path.join(REPO, "docs")
   bad = []
-  for path in [os.path.join(REPO, "README.md")] + [os.path.join(docs, f) for f in os.listdir(docs)
-                                                     if f.endswith(".md")]:
+  for path in docs_commands.doc_paths():
     with open(path, encoding="utf-8") as f:
       text = f.read()
     for target in re.findall(r"\]\(([^)\s]+)\)", text):

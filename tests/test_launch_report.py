@@ -126,8 +126,8 @@ def test_every_score_and_nested_field_has_a_better_direction():
 
 def _states(results_by_name):
   """(run, "done", results) states of runs named `group,seed=k`."""
-  return [(sweeps.Run(name, name, "translate", None, (), group=name.split(",seed=")[0]), "done",
-           res) for name, res in results_by_name.items()]
+  return [(sweeps.LaunchedRun(name, name, "translate", None, (), group=name.split(",seed=")[0]),
+           "done", res) for name, res in results_by_name.items()]
 
 
 def test_a_run_without_seeds_shows_missing_not_an_empty_cell():

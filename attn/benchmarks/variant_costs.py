@@ -80,19 +80,19 @@ from attn.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
-  """An encoder self-attention variant: the role's scope, and whether it runs through the
-  fused kernels (model.fused)."""
+class StudyVariant:
+  """An encoder self-attention variant this study measures: the role's scope, and whether it
+  runs through the fused kernels (model.fused)."""
   scope: str
   fused: bool = False
 
 
-VARIANTS: Registry[Variant] = Registry("variant", error=ConfigError)
-VARIANTS.add("global", Variant("global"))
-VARIANTS.add("window", Variant("window"))
-VARIANTS.add("topk", Variant("topk"))
-VARIANTS.add("linear", Variant("linear"))
-VARIANTS.add("fused", Variant("global", fused=True))
+VARIANTS: Registry[StudyVariant] = Registry("variant", error=ConfigError)
+VARIANTS.add("global", StudyVariant("global"))
+VARIANTS.add("window", StudyVariant("window"))
+VARIANTS.add("topk", StudyVariant("topk"))
+VARIANTS.add("linear", StudyVariant("linear"))
+VARIANTS.add("fused", StudyVariant("global", fused=True))
 FIGURE_VARIANTS = ("global", "window", "topk", "linear", "fused")  # the figure's rows and colours
 
 

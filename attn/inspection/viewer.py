@@ -137,7 +137,7 @@ def _worst_mismatch(examples, normalizer, temperature) -> float:
 
 
 @dataclasses.dataclass
-class Run:
+class ViewedRun:
   """A finished run as the page shows it: run-level facts and one record per sampled example."""
   workdir: str
   results: dict
@@ -185,7 +185,7 @@ def _read_files(workdir):
   return results, arrays
 
 
-def load_run(workdir) -> Run:
+def load_run(workdir) -> ViewedRun:
   """Reads results.json and attention.npz (see the module docstring); raises DataError naming the
   file for anything missing or inconsistent."""
   results, npz = _read_files(workdir)
@@ -251,12 +251,13 @@ def load_run(workdir) -> Run:
       note = (f"the stored weights are not {normalizer}(scores / temperature) (off by up to "
               f"{worst:.2g}; a scope that reweights after normalizing?): the slider is off")
   rnn = mc.get("rnn", mc)  # the recurrent model's section (flat in records of older runs)
-  return Run(workdir=workdir, results=results, normalizer=normalizer, temperature=temperature,
-             decoder=str(_scalar(npz, "decoder", results.get("decoder", rnn.get("decoder", "")))),
-             score=str(_scalar(npz, "score", results.get("score", rnn.get("score", "")))),
-             scope=str(_scalar(npz, "scope", rnn.get("scope", ""))),
-             examples=examples, multi=bool(multi), has_attention=nonzero,
-             has_scores=has_scores and not note, scores_note=note)
+  return ViewedRun(
+      workdir=workdir, results=results, normalizer=normalizer, temperature=temperature,
+      decoder=str(_scalar(npz, "decoder", results.get("decoder", rnn.get("decoder", "")))),
+      score=str(_scalar(npz, "score", results.get("score", rnn.get("score", "")))),
+      scope=str(_scalar(npz, "scope", rnn.get("scope", ""))),
+      examples=examples, multi=bool(multi), has_attention=nonzero,
+      has_scores=has_scores and not note, scores_note=note)
 
 
 def _image(npz, i, Ts, where):
@@ -286,7 +287,7 @@ def example_scores(prediction, reference) -> dict:
           "exact_match": prediction == reference}
 
 
-def _run_summary(run: Run) -> dict:
+def _run_summary(run: ViewedRun) -> dict:
   res = run.results
   return {"name": run.name, "workdir": os.path.abspath(run.workdir), "split": res.get("split"),
           "decoder": run.decoder, "score": run.score, "normalizer": run.normalizer,
@@ -297,7 +298,7 @@ def _run_summary(run: Run) -> dict:
           "note": run.scores_note, "multi": run.multi}
 
 
-def join_runs(run: Run, other: Run) -> list[int]:
+def join_runs(run: ViewedRun, other: ViewedRun) -> list[int]:
   """The example ids both runs sampled; DataError when a shared id has different sources."""
   shared = sorted(set(run.examples) & set(other.examples))
   for i in shared:

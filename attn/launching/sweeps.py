@@ -106,9 +106,10 @@ def parse_seeds(values, sets=(), sweeps=()) -> list:
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
-  """One run: its name, run directory and overrides (--set ones, then --sweep values, then the
-  seed); group: the combination's name without the seed (what the seed table averages over)."""
+class LaunchedRun:
+  """One run of a launch (a sweep's combination and seed, or the single run): its name, run
+  directory and overrides (--set ones, then --sweep values, then the seed); group: the
+  combination's name without the seed (what the seed table averages over)."""
   name: str
   workdir: str
   experiment: str
@@ -147,7 +148,7 @@ def plan(experiment, config, workdir, sets, sweeps, seeds=(), varies=()) -> list
         run_name = f"{name},{seed_name}" if axes else seed_name
         overrides = overrides + [(SEED_KEY, str(seed))]
       run_dir = os.path.join(workdir, run_name) if axes or seeds else workdir
-      runs.append(Run(run_name, run_dir, experiment, config, tuple(overrides), group=name))
+      runs.append(LaunchedRun(run_name, run_dir, experiment, config, tuple(overrides), group=name))
   return runs
 
 
