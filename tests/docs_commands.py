@@ -222,14 +222,11 @@ def _inline(prose, rel):
 
 
 def doc_paths():
-  """README.md, docs/*.md and experiments/README.md: the files whose commands and links are
-  checked. experiments/README.md comes last, so that the modules are validated in the order of
-  their first command elsewhere: listed first, it put data_stats right after translate, and
-  data_stats' FLAGS.config then read as a str (a state left between modules, not yet found)."""
+  """README.md, experiments/README.md and docs/*.md: the files whose commands and links are
+  checked (each command in a clean argv, so their order does not matter)."""
   docs = os.path.join(REPO, "docs")
-  return ([os.path.join(REPO, "README.md")]
-          + [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
-          + [os.path.join(REPO, "experiments", "README.md")])
+  return ([os.path.join(REPO, "README.md"), os.path.join(REPO, "experiments", "README.md")]
+          + [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")])
 
 
 def collect_all():
