@@ -317,5 +317,7 @@ def dispatch(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool, imple
             else chosen.values()):
     t.check(kernel, q, v)
   tiles = lambda t: resolve_blocks(block_q, block_k, block_sizes, t.tiles(kernel.name), block_d)
+  if q.shape[0] == 0:
+    impl = "xla"  # an empty batch: the empty result (and lse) of the right shapes and dtypes
   return _IMPLEMENTATIONS[impl](kernel, chosen, q, k, v, theta, kl, ql, causal=bool(causal),
                                 tiles=tiles, score_kw=score_kw)

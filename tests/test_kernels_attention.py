@@ -279,3 +279,20 @@ class TestPallasAttentionTpuInterpret(TestPallasAttention):
   @pytest.mark.parametrize("case,dtype", TPU_GRAD_CASES, ids=kc.ids(TPU_GRAD_CASES))
   def test_gradients_match_float64(self, case, dtype):
     super().test_gradients_match_float64(case, dtype)
+
+
+@pytest.mark.parametrize("implementation", ["pallas", "blocked", "xla"])
+def test_an_empty_batch_gives_the_empty_result_on_every_implementation(implementation):
+  """A batch of 0 examples attends to nothing: every implementation returns out [0, Tq, H, dv]
+  and lse [0, Tq, H], and its gradient, empty; an empty sequence is refused by all alike."""
+  q, k, v = jnp.zeros((0, 5, 2, 8)), jnp.ones((0, 7, 2, 8)), jnp.ones((0, 7, 2, 6))
+  out, lse = kernels.attention_with_lse(q, k, v, implementation=implementation)
+  assert out.shape == (0, 5, 2, 6) and lse.shape == (0, 5, 2)
+  assert out.dtype == v.dtype and lse.dtype == jnp.float32
+  grad = jax.grad(lambda q: kernels.attention(q, k, v, implementation=implementation).sum())(q)
+  assert grad.shape == q.shape
+  out = kernels.additive_attention(q, k, jnp.ones((2, 8)), v, implementation=implementation)
+  assert out.shape == (0, 5, 2, 6)
+  with pytest.raises(ValueError, match="empty head dim or sequence"):
+    kernels.attention(jnp.zeros((3, 0, 2, 8)), jnp.ones((3, 7, 2, 8)),
+                      jnp.ones((3, 7, 2, 6)), implementation=implementation)
