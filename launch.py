@@ -156,7 +156,10 @@ def parse_flags(argv):
   try:
     opts = parse_args(argv)
   except flags.Error as e:
-    cli.fail(cli.last_line(e))
+    given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    hint = (f"; launch.py passes config overrides as --set={given[0][len('--config.'):]}=VALUE "
+            "(every run) or --sweep=KEY=V1,V2 (one run each)" if given else "")
+    cli.fail(cli.last_line(e) + hint)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(argv[:1])  # absl's own flags keep their defaults; app.run wants them parsed
   return opts

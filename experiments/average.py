@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from absl import flags
 
 from attn.config.configurable import option
 from attn.errors import ConfigError
@@ -66,6 +65,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.define_settings_flags(AverageSettings)
-  flags.mark_flags_as_required(["workdirs"])
+  cli.define_settings_flags(AverageSettings)  # (--workdirs: AverageSettings refuses none)
   cli.run(main)

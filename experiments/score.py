@@ -138,5 +138,5 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.define_settings_flags(ScoreSettings)
-  flags.mark_flags_as_required(["workdirs", "out"])
+  flags.mark_flags_as_required(["out"])  # (--workdirs: ScoreSettings refuses none, in one line)
   cli.run(main)

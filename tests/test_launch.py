@@ -565,3 +565,12 @@ def test_slurm_array_end_to_end_with_a_fake_sbatch(tmp_path, capsys, monkeypatch
   md = (wd / "results.md").read_text()
   assert re.search(r"\| decoder=none \| 1 \| \d", md) and "pending" not in md, md
   assert (wd / "results.png").stat().st_size > 1000 and len(calls()) == 1
+
+
+def test_an_experiments_override_given_to_launch_points_to_set_and_sweep(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_:
+    launch.parse_flags(["launch.py", SMOKE, f"--workdir={tmp_path}", "--config.train.steps=2"])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "Unknown command line flag 'config.train.steps'" in err[0], err
+  assert "--set=train.steps=VALUE" in err[0] and "--sweep=" in err[0], err

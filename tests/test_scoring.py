@@ -4,6 +4,8 @@ source length, the report; and the vocabulary check of data that moved."""
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -350,3 +352,13 @@ def test_a_min_decode_len_no_output_can_reach_is_one_line(marked_run):
   with pytest.raises(ConfigError, match=r"^min_decode_len=500 is over the \d+ tokens decoded "
                      r"for the test split's sources of \d+ tokens \(train.max_decode_ratio="):
     scoring.score_workdir(workdir, which="best", search={"min_decode_len": 500})
+
+
+@pytest.mark.parametrize("module,args,message", [
+    ("experiments.score", ["--out=x"], "error: --workdirs: give at least one finished run"),
+    ("experiments.average", [], "error: --workdirs: give at least one finished run"),
+])
+def test_score_and_average_without_workdirs_say_so_in_one_line(module, args, message):
+  p = subprocess.run([sys.executable, "-m", module, *args], cwd=os.path.dirname(
+      os.path.dirname(os.path.abspath(__file__))), capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2 and p.stderr.strip().splitlines() == [message], p.stderr
