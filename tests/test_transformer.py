@@ -368,7 +368,7 @@ def test_count_params_and_the_rnn_default():
     (dict(enc_self=dict(scope="linear", normalizer="sparsemax")), "model.transformer.enc_self"),
     # The RNN's settings are refused, naming where they belong, not silently ignored.
     (dict(pointer=True), "^model.rnn.pointer=True belongs to model.arch=rnn; model.arch="
-                         "transformer reads model.transformer.. and the shared model.. fields$"),
+                         "transformer reads model.transformer.. and the shared model.. fields. A preset"),
     (dict(match_params_of="bahdanau"), "model.rnn.match_params_of='bahdanau' belongs"),
     (dict(normalizer="entmax15"), "model.rnn.normalizer='entmax15' belongs to model.arch=rnn"),
     (dict(score="dot"), "model.rnn.score='dot' belongs"),

@@ -261,8 +261,13 @@ def _check_unread_sections(cfg: ModelConfig) -> None:
       continue
     found = _first_set(getattr(cfg, name), defaults[name].default, f"model.{name}.")
     if found:
-      raise ConfigError(f"{found[0]}={found[1]!r} belongs to model.arch={name}; model.arch="
-                        f"{cfg.arch} reads model.{cfg.arch}.* and the shared model.* fields")
+      raise ConfigError(
+          f"{found[0]}={found[1]!r} belongs to model.arch={name}; model.arch={cfg.arch} reads "
+          f"model.{cfg.arch}.* and the shared model.* fields. A preset (or a --config override) "
+          f"set it: to run a preset's task on model.arch={cfg.arch}, use a preset of that "
+          f"architecture (e.g. translate.py's *_transformer presets) or, in a config file, "
+          f"experiments.configs.use_arch(config, {cfg.arch!r}), which puts the other sections "
+          "back to their defaults")
 
 
 def _section_of() -> dict[str, str]:
