@@ -36,6 +36,8 @@ import os
 
 from absl import flags
 
+from attn import apps
+from attn.errors import ConfigError
 from attn.inspection import outputs
 from attn.inspection.diagnosis import DiagnoseSettings
 from attn.launching import cli, entry_points, launchers
@@ -61,6 +63,9 @@ def main(argv):
   del argv
   settings = cli.settings_from_flags(DiagnoseSettings)
   out = outputs.output_dir(settings.out, settings.workdir, "diagnose.json and its plots")
+  other = apps.not_a_run_of(settings.workdir, "python -m experiments.diagnose")
+  if other:
+    raise ConfigError(other)
   experiment = entry_points.experiment_of(settings.workdir) or "translate"  # its own task
   hook = entry_points.experiment(experiment).diagnose_fn
   path, plots, table = (hook(settings, out) if hook is not None

@@ -4,6 +4,8 @@ The application below is defined and registered in this file alone."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +99,20 @@ def test_an_application_registered_in_one_place_trains_lists_and_tabulates(last_
 def test_an_unknown_application_is_one_line_naming_the_known_ones():
   with pytest.raises(Exception, match="unknown application 'nope'; known: caption, focus"):
     training.get_task("nope")
+
+
+@pytest.mark.parametrize("name,results_file", [("retrieve", "retrieve.json"),
+                                               ("focus", "focus.json")])
+@pytest.mark.parametrize("tool", ["inspect", "diagnose"])
+def test_the_run_tools_name_a_run_of_an_application_they_do_not_read(tmp_path, name,
+                                                                     results_file, tool):
+  (tmp_path / results_file).write_text("{}")
+  (tmp_path / "model.json").write_text("{}")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-m", f"experiments.{tool}", f"--workdir={tmp_path}"],
+                     cwd=repo, capture_output=True, text=True, timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  assert f"holds a {name} run ({results_file}" in lines[0], lines
+  assert f"python -m experiments.{name} --help" in lines[0], lines
+  assert sorted(os.listdir(tmp_path)) == sorted(["model.json", results_file])  # nothing written

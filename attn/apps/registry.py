@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 
 from attn.errors import ConfigError
 from attn.registry import Registry
@@ -26,6 +27,8 @@ class App:
   launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
     and leaves results.json, whose fields the task declares (`Task.scores`, `figures`,
     `nested`, `metrics`).
+  results_file: the file a finished run leaves in its workdir (how the run tools recognise a run
+    of an application that launch.py does not start).
   diagnose: `experiments.diagnose`'s hook for a finished run of this application,
     `diagnose(settings: DiagnoseSettings, out: str) -> (report path, plot paths, table)` (or
     "package.module:function"); None: the sequence-to-sequence diagnosis.
@@ -35,6 +38,7 @@ class App:
   task: object = None
   launchable: bool = True
   diagnose: object = None
+  results_file: str = "results.json"
 
   @property
   def task_class(self) -> type:
@@ -79,6 +83,28 @@ def _resolve(ref):
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
   return ref
+
+
+def app_of_workdir(workdir: str) -> str | None:
+  """The application launch.py does not start whose finished run `workdir` holds (its
+  `results_file`), or None."""
+  for name, entry in APPS.items():
+    if not entry.launchable and os.path.exists(os.path.join(workdir, entry.results_file)):
+      return name
+  return None
+
+
+def not_a_run_of(workdir: str, tool: str) -> str | None:
+  """The one-line refusal of `tool` (e.g. "python -m experiments.inspect") for a workdir that
+  holds a run of an application it does not read, or None."""
+  name = app_of_workdir(workdir)
+  if name is None:
+    return None
+  entry = APPS.get(name)
+  return (f"{workdir} holds a {name} run ({entry.results_file}: {entry.doc}), which {tool} does "
+          f"not read; it reads the runs launch.py starts "
+          f"({', '.join(n for n, a in APPS.items() if a.launchable)}). The {name} run's own "
+          f"tools: python -m {entry.module} --help")
 
 
 APPS: Registry[App] = Registry("application", error=ConfigError)

@@ -66,7 +66,11 @@ class ViewerSettings:
 def _missing(workdir, name):
   """The error for a run without `name`: rerun the experiment that trained it (its records say
   which) to finish it."""
+  from attn import apps  # pylint: disable=import-outside-toplevel
   from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
+  other = apps.not_a_run_of(workdir, "the run viewer")
+  if other:
+    return DataError(other)
   experiment = entry_points.experiment_of(workdir)
   if experiment is None:
     rerun = "the experiment that trained it (" + " or ".join(
