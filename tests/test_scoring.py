@@ -314,6 +314,8 @@ def test_a_cached_decoding_is_not_reused_for_other_data(tmp_path, monkeypatch):
   # The other directory's test split: decoded, not the small one's cached scores.
   on_large = scoring.score_workdir(workdir, which="best", data_dir=large)
   assert on_large[0]["sentences"] == 13
+  with pytest.raises(ConfigError, match=r"^data_dir=\S+gone: no such directory"):
+    scoring.score_workdir(workdir, which="best", data_dir=str(tmp_path / "gone"))
   # Each is decoded again when the data it was cached for changed under it...
   _corpus(large, 11)
   assert scoring.score_workdir(workdir, which="best", data_dir=large)[0]["sentences"] == 11

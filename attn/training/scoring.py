@@ -183,6 +183,9 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
   first and last bucket), see `bucket_edges`; search: decoding settings of the train section
   replacing the run's ({"length_penalty": 0.6, "min_decode_len": 2}), kept in each row."""
   search = dict(search or {})
+  if data_dir and not os.path.isdir(data_dir):
+    raise ConfigError(f"data_dir={data_dir}: no such directory (the directory holding the splits "
+                      f"to score {workdir} on; leave it empty for the run's recorded data.dir)")
   kept = kept_checkpoints(workdir, which)
   recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
   splits = scored_splits(workdir, splits)
