@@ -16,6 +16,7 @@ from flax import nnx
 from attn import decoding as decode
 from attn.benchmarks import decode_speed
 from attn.training import evaluation, loop
+from experiments.configs import caption as caption_config
 from tests.test_decode import edge_case_table, random_table, toy_init, toy_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,9 +164,22 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   assert set(record["load"]) == {"start", "end"} and record["shrink_to"] == 2
 
 
+def _finished(path, results, config=None):
+  """A workdir whose records say a run of some experiment finished (no checkpoint)."""
+  (path / "results.json").write_text(json.dumps(results))
+  if config is not None:
+    (path / "config.json").write_text(json.dumps(config.to_dict(), default=list))
+  return str(path)
+
+
 @pytest.mark.parametrize("make,says", [
     (lambda p: str(p / "absent"), "is not a directory"),
     (lambda p: str(p), "has no config.json: not a finished run"),
+    # a recommend run decodes nothing; a caption run is read with its own task's data settings
+    (lambda p: _finished(p, {"hr10": 0.5, "ndcg10": 0.3}), "is a recommend run, which decodes "
+                                                         "nothing"),
+    (lambda p: _finished(p, {"digit_accuracy": 1.0, "exact_match": 1.0},
+                         caption_config.get_config("tiny")), "holds no checkpoint to restore"),
 ])
 def test_bench_decode_refuses_a_missing_or_unfinished_run_in_one_line(tmp_path, make, says):
   workdir = make(tmp_path)

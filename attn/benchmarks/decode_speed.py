@@ -75,7 +75,13 @@ def load(s: Settings):
   if not os.path.isdir(s.workdir):
     raise workdir.WorkdirError(f"{s.workdir} is not a directory: pass a finished translate run "
                                "(its workdir holds results.json)")
-  run = loop.load_run(s.workdir)
+  from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
+  from attn.training.seq2seq_task import Seq2SeqTask  # pylint: disable=import-outside-toplevel
+  experiment = entry_points.experiment_of(s.workdir) or "translate"
+  if not issubclass(entry_points.experiment(experiment).task_class, Seq2SeqTask):
+    raise ConfigError(f"{s.workdir} is a {experiment} run, which decodes nothing: bench_decode "
+                      "times the decoding of a sequence-to-sequence run")
+  run = loop.load_run(s.workdir, task=experiment)
   if s.split not in run.bundle.splits:
     raise DataError(f"{s.workdir} has no {s.split} split to decode")
   return run
