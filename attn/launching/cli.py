@@ -152,6 +152,8 @@ def run(main):
     absl_logger.setLevel(logging.WARNING)
     absl_logger.addFilter(_drop_orbax_save_errors)
     logging.getLogger("asyncio").addFilter(_drop_orbax_save_errors)
+    # JAX says at INFO which backends it could not start (no libtpu, no GPU) on every run.
+    logging.getLogger("jax").setLevel(logging.WARNING)
     _quiet_closed_loop_callbacks()
     compile_cache.enable()  # before main compiles anything
     try:
