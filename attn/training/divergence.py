@@ -27,7 +27,7 @@ def check_divergence(run, m: dict, ckpt) -> None:
     return
   saved = ckpt.latest.latest_step()
   raise TrainingDiverged(
-      f"training diverged at step {run.step}: loss {loss:.4g}, gradient norm "
+      f"training diverged at step {run.progress.step}: loss {loss:.4g}, gradient norm "
       f"{m['grad_norm']:.4g}, parameter norm {m['param_norm']:.4g}"
       + ("" if not finite else f"; the loss is above {limit:.3g} (train.divergence_factor="
          f"{run.tc.divergence_factor:g} x the loss of a uniform guess)")

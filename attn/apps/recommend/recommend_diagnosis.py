@@ -57,9 +57,9 @@ def check_model(workdir: str, record: dict) -> None:
 
 
 def load_run(workdir: str):
-  """(the training loop's Run with its best checkpoint restored, the leave-one-out splits) of a finished
-  recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or has no
-  attention. Writes nothing."""
+  """(the training loop's Run with its best checkpoint restored, the leave-one-out splits) of a
+  finished recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or
+  has no attention. Writes nothing."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   from attn.apps.recommend import recommendation as rec  # pylint: disable=import-outside-toplevel
   from attn.training import checkpoints, loop  # pylint: disable=import-outside-toplevel

@@ -158,8 +158,8 @@ class RecommendTask(Task):
   def write_results(self, run, ckpt) -> dict:
     """Ranks the test split with the best checkpoint; writes attention.npz and results.json
     (recommendation_eval.write_results). The step and training time are the whole run's."""
-    trained = {"params": recommenders.count_params(run.model), "step": run.step,
-               "wall_s": run.wall_s}
+    trained = {"params": recommenders.count_params(run.model), "step": run.progress.step,
+               "wall_s": run.progress.wall_s}
     if ckpt.best.latest_step() is not None:  # (an evaluation at the last step always saves one)
       ckpt.restore(ckpt.best, run)
     return rec_eval.write_results(run, run.bundle.splits, trained)

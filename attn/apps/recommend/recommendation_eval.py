@@ -137,7 +137,7 @@ def write_results(run, splits, trained: dict) -> dict:
              "ndcg10_by_length": by_length(
                  np.where(ev["ranks"] <= K, 1 / np.log2(ev["ranks"] + 1.0), 0.0),
                  test.lengths, lo, hi),
-             **trained, "best_step": run.best_step, "best_eval": run.best_eval,
+             **trained, "best_step": run.progress.best_step, "best_eval": run.progress.best_eval,
              "model_config": run.mc.record()["recommender"]}
   if run.mc.has_attention:
     last_layer = ev["on_gold"][:, -1]
