@@ -5,7 +5,9 @@ a later item, so it is known which past item each prediction should attend to.
     python -m experiments.recommend --config=experiments/configs/recommend.py:default \
         --config.model.kind=sasrec --workdir=workdirs/rec_sasrec
 
-Rerunning with the same --workdir resumes from its latest checkpoint. Writes config.json,
+It trains through the one training loop (attn.training.loop): rerunning with the same
+--workdir resumes from its latest checkpoint, Ctrl-C saves the current step first, and a loss
+that diverges stops the run before anything after it is saved. Writes config.json,
 model.json, metrics.jsonl (+ TensorBoard events), checkpoints/, best/, results.json (hr10,
 ndcg10, both by history length, attention on the planted trigger) and attention.npz (for
 `python -m experiments.inspect --workdir=...`). A bad config value exits with status 2 and one
@@ -29,9 +31,9 @@ def validate_config(config):
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.recommend import recommendation
   from attn.apps.recommend import recommendation_eval
-  results = recommendation.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+  from attn.training import loop  # pylint: disable=import-outside-toplevel
+  results = loop.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, task="recommend")
   print(recommendation_eval.results_table([(results["model"], results)]))
 
 

@@ -1,9 +1,11 @@
 """Next-item recommendation: the generated log's planted structure and split, the ranking metrics
 against hand-computed answers, the causal mask of the self-attention recommender, a tiny run
-that learns, and bad configs refused in one line before anything is written."""
+that learns through the one training loop (its divergence guard and Ctrl-C save included), and
+bad configs refused in one line before anything is written."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -140,11 +142,22 @@ def _run(args, tmp_path):
                         capture_output=True, text=True, timeout=300)
 
 
-def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
-  from attn.apps.recommend import recommendation
+def _train(config, workdir):
+  from attn.training import loop
+  return loop.train_and_evaluate(config, str(workdir), task="recommend")
+
+
+def _tiny(**train):
   from experiments.configs import recommend as presets
+  config = presets.get_config("tiny")
+  for k, v in train.items():
+    config.train[k] = v
+  return config
+
+
+def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
   wd = tmp_path / "run"
-  out = recommendation.train_and_evaluate(presets.get_config("tiny"), str(wd))
+  out = _train(_tiny(), wd)
   res = json.loads((wd / "results.json").read_text())
   assert res == json.loads(json.dumps(out))
   assert res["random_hr10"] == pytest.approx(10 / 80)
@@ -167,8 +180,49 @@ def test_a_tiny_run_learns_and_writes_its_files(tmp_path):
   run = viewer.load_run(str(wd))
   assert run.has_attention and run.has_scores, run.scores_note
   # Rerunning resumes at the last step: nothing left to train, the same test scores.
-  again = recommendation.train_and_evaluate(presets.get_config("tiny"), str(wd))
+  again = _train(_tiny(), wd)
   assert again["hr10"] == res["hr10"] and again["step"] == res["step"] == 150
+
+
+@pytest.mark.parametrize("lr", [1e38, 1e9])  # non-finite parameters / a finite exploded loss
+def test_a_diverging_run_is_stopped_by_the_loops_guard_and_keeps_nothing_after_it(tmp_path, lr):
+  from attn.training import loop
+  wd = tmp_path / "run"
+  config = _tiny(learning_rate=lr, warmup_steps=1, steps=20, log_every=5, eval_every=10,
+                 checkpoint_every=10)
+  with pytest.raises(loop.TrainingDiverged, match=r"diverged at step \d+: loss .* with "
+                     + re.escape(f"train.learning_rate={lr:g}. Nothing from this point was saved")):
+    _train(config, wd)
+  assert not (wd / "results.json").exists()
+  assert not (wd / "best").exists() or not any(n.isdigit() for n in os.listdir(wd / "best"))
+
+
+def test_ctrl_c_saves_the_step_and_the_rerun_ends_where_an_uninterrupted_run_does(
+    tmp_path, monkeypatch):
+  from attn.apps.recommend import recommendation
+  small = lambda: _tiny(steps=20, log_every=5, eval_every=10, checkpoint_every=10)
+  twin = _train(small(), tmp_path / "twin")
+  real = recommendation.RecommendTask.train_tokens
+
+  def ctrl_c_before_step_14(self, bundle, tc, step):
+    if step == 13:
+      raise KeyboardInterrupt
+    return real(self, bundle, tc, step)
+  monkeypatch.setattr(recommendation.RecommendTask, "train_tokens", ctrl_c_before_step_14)
+  wd = tmp_path / "run"
+  with pytest.raises(KeyboardInterrupt):
+    _train(small(), wd)
+  monkeypatch.undo()
+  assert sorted(n for n in os.listdir(wd / "checkpoints") if n.isdigit()) == ["13"]
+  assert not (wd / "results.json").exists()
+  resumed = _train(small(), wd)
+  assert resumed["step"] == 20 and resumed["best_step"] == twin["best_step"]
+  assert ({k: v for k, v in resumed.items() if k != "wall_s"}
+          == {k: v for k, v in twin.items() if k != "wall_s"})
+  with np.load(wd / "attention.npz") as a, np.load(tmp_path / "twin" / "attention.npz") as b:
+    assert sorted(a.files) == sorted(b.files)
+    for name in a.files:
+      np.testing.assert_array_equal(a[name], b[name])
 
 
 def test_a_bad_config_is_refused_in_one_line_before_anything_is_written(tmp_path):
@@ -186,7 +240,8 @@ def test_a_bad_config_is_refused_in_one_line_before_anything_is_written(tmp_path
                                 "known: entmax15, softmax, sparsemax"),
     ("data.min_len=4", "data.min_len=4 is too short for data.max_offset=6"),
     ("model.num_heads=3", "model.dim=64 is not divisible by model.num_heads=3"),
-    ("train.steps=0", "train.steps=0 must be at least 1"),
+    ("train.steps=0", "train.steps=0 must be >= 1"),
+    ("train.compute_dtype=bfloat16", "the recommenders compute in float32 only"),
 ])
 def test_bad_values_are_config_errors_naming_the_field(override, message):
   """What experiments.recommend checks before it touches the workdir (its validate_config calls

@@ -26,12 +26,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-  from attn.apps.recommend import recommendation
+  from attn.training import loop
   from experiments.configs import recommend as presets
   wd = tmp_path_factory.mktemp("rec") / "sasrec"
   config = presets.get_config("tiny")
   config.train.steps = 75  # half the preset: enough for the measures to be read, not to be good
-  recommendation.train_and_evaluate(config, str(wd))
+  loop.train_and_evaluate(config, str(wd), task="recommend")
   return str(wd)
 
 

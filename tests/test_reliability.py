@@ -101,7 +101,7 @@ def test_ties_in_the_first_metric_are_broken_by_the_next_and_later_wins(tmp_path
     training.train(run, ckpt, training.MetricsWriter(str(tmp_path)))
   finally:
     ckpt.close()
-  assert run.best_step == 4 and run.best_score == (0.0, 30.0, 40.0)
+  assert run.progress.best_step == 4 and run.progress.best_score == (0.0, 30.0, 40.0)
   assert sorted(int(n) for n in os.listdir(tmp_path / "best") if n.isdigit()) == [4]
   assert loop.is_better((0.0, 2.0), (0.0, 1.0)) and not loop.is_better((0.0, 1.0), (0.0, 2.0))
   assert loop.is_better((1.0, 0.0), (0.0, 99.0)) and loop.is_better((0.5,), ())
@@ -179,7 +179,7 @@ def test_ctrl_c_during_the_last_evaluation_resumes_to_the_uninterrupted_result(t
   real = evaluation.evaluate
 
   def ctrl_c_at_the_last_step(run, *args, **kwargs):
-    if run.step == 4:
+    if run.progress.step == 4:
       raise KeyboardInterrupt
     return real(run, *args, **kwargs)
   monkeypatch.setattr(evaluation, "evaluate", ctrl_c_at_the_last_step)

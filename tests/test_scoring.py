@@ -119,7 +119,7 @@ def test_score_best_reproduces_the_runs_own_test_score(marked_run):
   assert best["sentences"] == sum(b["sentences"] for b in best["bleu_by_src_words"].values())
   # What the mark kept is step 1's model, not the final one: scored from its own copy.
   run = training.load_run(workdir, checkpoint_dir=marks.kept(workdir)[0][0])
-  assert run.step == 1
+  assert run.progress.step == 1
   hyps = evaluation.decode_split(run, "test", search=run.tc.search())
   assert mark["bleu"] == pytest.approx(
       evaluation.score_outputs(run, "test", hyps)["bleu"], abs=1e-9)

@@ -61,9 +61,9 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
 
   straight = run_steps(str(tmp_path / "a"))
   killed = run_steps(str(tmp_path / "b"), stop_after=6)  # "killed" after step 6; last save at 4
-  assert killed.step == 6
+  assert killed.progress.step == 6
   resumed = run_steps(str(tmp_path / "b"), resume=True)
-  assert resumed.step == 8
+  assert resumed.progress.step == 8
   as_np = lambda x: np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(
       x.dtype, jax.dtypes.prng_key) else x)
   leaves = lambda r: jax.tree.leaves(r.state)

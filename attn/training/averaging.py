@@ -78,7 +78,7 @@ def average_last(workdir: str, last: int, task: str = "translate", *,
           f"{workdir} keeps {len(steps)} checkpoint(s) (steps {steps}), fewer than --last={last}: "
           f"train it with --config.train.keep_checkpoints={last} (it keeps "
           f"{run.tc.keep_checkpoints})")
-    best_eval = dict(run.best_eval)
+    best_eval = dict(run.progress.best_eval)
     params = []
     for step in steps:
       progress(f"{workdir}: reading the checkpoint of step {step}")
@@ -90,9 +90,9 @@ def average_last(workdir: str, last: int, task: str = "translate", *,
     run.state = nnx.state((run.model, run.optimizer))
     progress(f"{workdir}: evaluating the average of steps {steps} on the eval split")
     ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
-    info = {"steps": steps, "step": steps[-1], "wall_s": run.wall_s,
+    info = {"steps": steps, "step": steps[-1], "wall_s": run.progress.wall_s,
             "eval": {k: v for k, v in ev.items() if isinstance(v, float)},
-            "best_step": run.best_step, "best_eval": best_eval}
+            "best_step": run.progress.best_step, "best_eval": best_eval}
     _write(ckpt, run, workdir, info)
   finally:
     ckpt.close()

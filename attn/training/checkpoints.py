@@ -17,6 +17,7 @@ mesh: a checkpoint saved on 4 devices restores on 1, and the other way round.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 import jax
@@ -29,12 +30,44 @@ class CheckpointError(AttnError):
   """A checkpoint could not be written."""
 
 
+@dataclasses.dataclass
+class Progress:
+  """How far a run has come: the counters a checkpoint saves with the state (all but
+  `window_rates`, this process's own timing) and restores."""
+  step: int = 0
+  best_score: tuple = ()  # the task's selection metrics at the best eval so far (() = none yet)
+  best_step: int = 0
+  best_eval: dict = dataclasses.field(default_factory=dict)  # that eval's float metrics
+  wall_s: float = 0.0  # training wall time accumulated across restarts
+  train_tokens: float = 0.0  # tokens (or positions) the loss counted, across restarts
+  eval_pending: bool = False  # the evaluation due at `step` has not finished (saved with it)
+  window_rates: list = dataclasses.field(default_factory=list)  # tok/s of each logging window
+
+  def record(self) -> dict:
+    """The JSON a checkpoint stores (`window_rates` left out)."""
+    return {"step": self.step, "best_score": list(self.best_score), "best_step": self.best_step,
+            "best_eval": self.best_eval, "wall_s": self.wall_s,
+            "train_tokens": self.train_tokens, "eval_pending": bool(self.eval_pending)}
+
+  @classmethod
+  def from_record(cls, meta: dict, window_rates=()) -> "Progress":
+    """The progress of a checkpoint's JSON (older checkpoints: a float best_score, no
+    best_step, best_eval or eval_pending), keeping this process's `window_rates`."""
+    step, best = int(meta["step"]), meta["best_score"]
+    return cls(step=step, best_score=tuple(best) if isinstance(best, list) else (float(best),),
+               best_step=int(meta.get("best_step", step)),
+               best_eval=dict(meta.get("best_eval", {})), wall_s=float(meta["wall_s"]),
+               train_tokens=float(meta["train_tokens"]),
+               eval_pending=bool(meta.get("eval_pending", False)),  # interrupted in its eval
+               window_rates=list(window_rates))
+
+
 class Checkpoints:
   """Two orbax managers over `nnx.state((model, optimizer))` plus a JSON of the run's counters.
 
-  A run object passed to `save` / `restore` has `state`, `step`, `best_score` (a tuple: the
-  task's selection metrics, compared lexicographically), `best_step`, `wall_s`,
-  `best_eval`, `train_tokens` and `eval_pending`; restore writes them back.
+  A run object passed to `save` / `restore` has `state`, `progress` (a `Progress`) and
+  `switch` (`earlier_state`: the abstract state from before a model feature was switched on,
+  or None; restore sets `restored_earlier`); restore writes state and progress back.
   """
 
   def __init__(self, workdir, keep: int = 1):
@@ -64,15 +97,14 @@ class Checkpoints:
                         "command to resume" if kept is not None else "No checkpoint was kept"))
 
   def save(self, manager, run):
-    meta = {"step": run.step, "best_score": list(run.best_score), "best_step": run.best_step,
-            "best_eval": run.best_eval, "wall_s": run.wall_s, "train_tokens": run.train_tokens,
-            "eval_pending": bool(getattr(run, "eval_pending", False))}
+    """Saves `run.state` and `run.progress` as step `run.progress.step` of `manager`."""
+    meta = run.progress.record()
     try:
-      manager.save(run.step, args=self.ocp.args.Composite(
+      manager.save(run.progress.step, args=self.ocp.args.Composite(
           state=self.ocp.args.StandardSave(run.state), meta=self.ocp.args.JsonSave(meta)),
                    force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax re-raises the writer's error)
-      raise self._failed(run.step, e) from e
+      raise self._failed(run.progress.step, e) from e
 
   def restore(self, manager, run, step: int | None = None) -> bool:
     """Restores the manager's `step` (None: its latest) into `run`; False when it holds none."""
@@ -85,8 +117,8 @@ class Checkpoints:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), run.state)
     restore = lambda target: manager.restore(step, args=self.ocp.args.Composite(
         state=self.ocp.args.StandardRestore(target), meta=self.ocp.args.JsonRestore()))
-    earlier = getattr(run, "earlier_state", None)
-    run.restored_earlier = False
+    earlier = run.switch.earlier_state
+    run.switch.restored_earlier = False
     if earlier is None:
       out = restore(abstract)
       state = out["state"]
@@ -100,16 +132,9 @@ class Checkpoints:
       except Exception:  # pylint: disable=broad-except  (orbax: the trees differ)
         out = restore(_with_shardings(earlier, run.state))
         state = graft(run.state, out["state"])
-        run.restored_earlier = True
-    meta = out["meta"]
+        run.switch.restored_earlier = True
     run.state = state
-    run.step = int(meta["step"])
-    best = meta["best_score"]
-    run.best_score = tuple(best) if isinstance(best, list) else (float(best),)
-    run.best_step = int(meta.get("best_step", run.step))
-    run.best_eval = dict(meta.get("best_eval", {}))
-    run.wall_s, run.train_tokens = float(meta["wall_s"]), float(meta["train_tokens"])
-    run.eval_pending = bool(meta.get("eval_pending", False))  # interrupted during its evaluation
+    run.progress = Progress.from_record(out["meta"], run.progress.window_rates)
     return True
 
   def close(self):

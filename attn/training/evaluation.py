@@ -281,13 +281,14 @@ def write_results(run, ckpt, role="test") -> dict:
   decodes (the same outputs); process 0 alone writes, and every process returns the results."""
   # The counters of the whole run, not those stored with the best checkpoint: results report
   # how long the run trained, whichever step decodes.
-  last_step, wall_s, train_tokens = run.step, run.wall_s, run.train_tokens
+  whole = run.progress
   if "eval" in run.bundle.splits and ckpt.best.latest_step() is not None:
     ckpt.restore(ckpt.best, run)
-    log.info(f"restored best checkpoint (step {run.step}, eval "
-             + ", ".join(f"{v:.3f}" for v in run.best_score) + ")")
-  best_step, run.step = run.step, last_step
-  run.wall_s, run.train_tokens = wall_s, train_tokens
+    log.info(f"restored best checkpoint (step {run.progress.step}, eval "
+             + ", ".join(f"{v:.3f}" for v in run.progress.best_score) + ")")
+  best_step = run.progress.step
+  run.progress = p = dataclasses.replace(run.progress, step=whole.step, wall_s=whole.wall_s,
+                                         train_tokens=whole.train_tokens)
   if role not in run.bundle.splits:
     role = "eval"
   t0 = time.time()
@@ -314,18 +315,18 @@ def write_results(run, ckpt, role="test") -> dict:
                 os.path.join(run.workdir, "attention.png"),
                 title=f"{run.mc.variant['decoder']}/{run.mc.variant['score']}: example {i}")
   results = {
-      "split": role, **scores, "params": count_params(run.model), "step": run.step,
-      "best_step": best_step, "tokens_per_sec": run.train_tokens / max(run.wall_s, 1e-9),
-      "wall_s": run.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
+      "split": role, **scores, "params": count_params(run.model), "step": p.step,
+      "best_step": best_step, "tokens_per_sec": p.train_tokens / max(p.wall_s, 1e-9),
+      "wall_s": p.wall_s, "decode_s": decode_s, "beam_size": run.tc.beam_size,
       "eval_s": eval_seconds(run.workdir),
       **{k: run.mc.variant[k] for k in ("decoder", "score", "normalizer")},
       "model_config": run.mc.record(),
   }
-  if run.window_rates:  # (none when this process only decoded a run that had finished training)
+  if p.window_rates:  # (none when this process only decoded a run that had finished training)
     # steady state: median over logging windows, the first (compilation) left out
-    results["tokens_per_sec_steady"] = float(np.median(run.window_rates[1:] or run.window_rates))
-  if run.best_eval:
-    results["best_eval"] = run.best_eval  # the eval that chose the decoded checkpoint
+    results["tokens_per_sec_steady"] = float(np.median(p.window_rates[1:] or p.window_rates))
+  if p.best_eval:
+    results["best_eval"] = p.best_eval  # the eval that chose the decoded checkpoint
   if primary:
     files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results

@@ -1,17 +1,21 @@
-"""train_and_evaluate(config, workdir): train a model, keep checkpoints, decode, score.
+"""train_and_evaluate(config, workdir, task): train a model, keep checkpoints, evaluate, write
+the results.
 
 The loop, in named pieces: `setup` (data, model, optimizer) -> restore -> `train` (steps with
-progress, evaluation and checkpoints) -> `evaluation.write_results` (restore the best, decode the
-test split, write the result files). What is task-specific (the model, its loss, decoding,
-metrics) comes from a registered `Task`. Library code: it never reads absl FLAGS.
+progress, evaluation and checkpoints) -> `Task.write_results` (restore the best, evaluate the
+test split, write the result files). Everything that differs by application (the train
+section, the optimizer, the batches, the model, its loss and the divergence reference, the
+evaluation and the result files) comes from a registered `Task` (attn.training.task); the loop
+names no application. Library code: it never reads absl FLAGS.
 
 Data parallel: the state lives on a ("data", "model") mesh (`train.mesh_shape`) and every
 batch's rows are split over "data", on one process or several (attn.training.distributed says
 how, and what only process 0 writes).
 
-Workdir layout: config.json, vocab files and data cache (attn.data), checkpoints/ (latest, for
-resuming), best/ (best eval score), metrics.jsonl and TensorBoard events, predictions.txt,
-results.json, attention.npz, attention.png.
+Workdir layout: config.json, model.json, checkpoints/ (latest, for resuming), best/ (best eval
+score), metrics.jsonl and TensorBoard events, and what the task writes: results.json (last),
+attention.npz and for a sequence-to-sequence task the vocab files and data cache (attn.data),
+predictions.txt and attention.png.
 """
 
 from __future__ import annotations
@@ -29,25 +33,30 @@ import optax
 from flax import nnx
 
 from attn.common import compile_cache
-from attn.errors import AttnError, ConfigError
+from attn.errors import ConfigError
 from attn.models import count_params
-from attn.training import distributed, evaluation, marks, resume
+from attn.training import distributed, marks, resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
-from attn.training.checkpoints import Checkpoints, restore_for_reading
-from attn.training.config import TrainConfig, make_optimizer, migrate_config
+from attn.training.checkpoints import Checkpoints, Progress, restore_for_reading
+from attn.training.divergence import (  # noqa: F401  (TrainingDiverged: raised from here)
+    TrainingDiverged, check_divergence, loss_after_step)
+from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
 from attn.training.task import Task, get_task
 
 log = logging.getLogger(__name__)
 
 
-def train_step(task: Task, graphdef, state, batch, key, *, label_smoothing):
-  """One optimizer step. state = nnx.state((model, optimizer)); returns (state, metrics)."""
+def train_step(task: Task, graphdef, state, batch, key, **loss_options):
+  """One optimizer step. state = nnx.state((model, optimizer)); returns (state, metrics):
+  loss (the mean token loss of the parameters before the step), nll (its unsmoothed mean),
+  tokens, grad_norm, param_norm (of the parameters after it). loss_options: the task's static
+  loss settings (`Task.loss_options`)."""
   model, optimizer = nnx.merge(graphdef, state)
 
   def loss_fn(model):
-    total, ntok, nll = task.loss(model, batch, key, label_smoothing)
+    total, ntok, nll = task.loss(model, batch, key, **loss_options)
     return total / ntok, (ntok, nll)
 
   (loss, (ntok, nll)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -58,16 +67,15 @@ def train_step(task: Task, graphdef, state, batch, key, *, label_smoothing):
   return nnx.state((model, optimizer)), metrics
 
 
-class TrainingDiverged(AttnError):
-  """The training loss became non-finite or exploded: nothing after it is saved."""
-
-
 @dataclasses.dataclass
 class Run:
-  """Everything a training run holds; built by `setup`, advanced by `train`."""
+  """What a training run holds, in three parts: what `setup` builds (the task, its configs and
+  data, the model, optimizer and their state, the mesh), how far training has come
+  (`progress`: what checkpoints save with the state) and whether a model feature was switched
+  on since the last checkpoint (`switch`)."""
   workdir: str
   task: Task
-  tc: TrainConfig
+  tc: LoopConfig  # the task's train section (Task.train_config)
   mc: object
   bundle: object
   model: object
@@ -79,26 +87,16 @@ class Run:
   rows: object = None  # distributed.RowShard: the rows of each global batch this process reads
   donate: bool = False  # the train step donates the old state (train_and_evaluate; not setup(),
   #                       so a benchmark can call the step on run.state again)
-  step: int = 0
-  best_score: tuple = ()  # the task's selection metrics at the best eval so far (() = none yet)
-  best_step: int = 0
-  best_eval: dict = dataclasses.field(default_factory=dict)  # that eval's float metrics
-  wall_s: float = 0.0  # training wall time accumulated across restarts
-  train_tokens: float = 0.0
-  window_rates: list = dataclasses.field(default_factory=list)  # tok/s of each logging window
-  # The abstract state of the model before a feature was switched on (checkpoints.restore)
-  earlier_state: object = None
-  switched: dict = dataclasses.field(default_factory=dict)  # those features, by dotted path
-  restored_earlier: bool = False  # the last restore read a checkpoint from before the switch
-  eval_pending: bool = False  # the evaluation due at `step` has not finished (saved with it)
   records: object = None  # resume.Records: config.json and model.json, written at the first save
+  progress: Progress = dataclasses.field(default_factory=Progress)
+  switch: resume.Switch = dataclasses.field(default_factory=resume.Switch)
 
   def step_fn(self, compiler_options: dict | None = None):
-    """The jitted train step of `device_batch`'s batches (label smoothing bound; XLA
+    """The jitted train step of `device_batch`'s batches (the task's loss options bound; XLA
     `compiler_options`, None: its defaults): the state keeps its shardings (replicated, or the
     vocabulary matrices over "model"), the rows are split over "data", the metrics replicated."""
     fn = functools.partial(train_step, self.task, self.graphdef,
-                           label_smoothing=self.tc.label_smoothing)
+                           **self.task.loss_options(self.tc))
     kw = dict(donate_argnums=(0,) if self.donate else (), compiler_options=compiler_options)
     if self.mesh is not None:
       rep = distributed.replicated(self.mesh)
@@ -108,7 +106,7 @@ class Run:
 
   def device_batch(self, batch) -> dict:
     """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
-    batch = evaluation.device_batch(batch)
+    batch = self.task.device_batch(batch)
     if self.mesh is None:
       return batch
     return distributed.global_batch(batch, self.mesh, self.rows)
@@ -130,19 +128,19 @@ class Run:
     return jax.random.fold_in(jax.random.PRNGKey(self.tc.seed + 1), step)
 
 
-def validate_config(config, task: Task | str = "translate") -> TrainConfig:
+def validate_config(config, task: Task | str = "translate") -> LoopConfig:
   """Checks every section of an experiment config without reading data or building the model:
   raises ConfigError / DataError naming the first bad field. Returns the train section."""
   task = get_task(task) if isinstance(task, str) else task
   for section in ("data", "model", "train"):
     if section not in config:
       raise ConfigError(f"the config has no `{section}` section")
-  tc = TrainConfig.from_config(config.train)
+  tc = task.train_config(config.train)
   task.check_model_config(config.model, task.data_config(config.data), tc)
   return tc
 
 
-def make_mesh(config, tc: TrainConfig, task: Task | str = "translate"):
+def make_mesh(config, tc: LoopConfig, task: Task | str = "translate"):
   """The device mesh of `train.mesh_shape`, checked against the devices and the batch size
   (ConfigError before anything is written)."""
   task = get_task(task) if isinstance(task, str) else task
@@ -163,10 +161,10 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   tc = validate_config(config, task)
   mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
-  return _build_run(config, workdir, task, tc, mesh=mesh)
+  return build_run(config, workdir, task, tc, mesh=mesh)
 
 
-def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mesh=None) -> Run:
+def build_run(config, workdir, task: Task, tc: LoopConfig, *, record=True, mesh=None) -> Run:
   """setup() after validation, on a prepared workdir (record=False: write no config or model
   record, for reading a finished run, or for train_and_evaluate, which writes them once it has
   restored the checkpoint; mesh=None: the state stays on the default device).
@@ -180,23 +178,24 @@ def _build_run(config, workdir, task: Task, tc: TrainConfig, *, record=True, mes
   if record:
     resume.Records(config, workdir, mc).write()
   model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
-  optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, task.make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
-  run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state, switched=switched)
+  run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state,
+            switch=resume.Switch(switched))
   if mesh is not None:
     run.mesh, run.rows = mesh, distributed.row_shard(mesh)
     run.shardings = distributed.state_shardings(state, mesh)
     run.state = distributed.place(state, run.shardings)
   if switched:
-    run.earlier_state = _abstract_state(task, mc.replace_paths(switched), tc)
+    run.switch.earlier_state = _abstract_state(task, mc.replace_paths(switched), tc)
   return run
 
 
-def _abstract_state(task: Task, mc, tc: TrainConfig):
+def _abstract_state(task: Task, mc, tc: LoopConfig):
   """nnx.state((model, optimizer)) of model config `mc` as shapes only (nothing allocated)."""
   def build():
     model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
-    return model, nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
+    return model, nnx.Optimizer(model, task.make_optimizer(tc), wrt=nnx.Param)
   return nnx.split(nnx.eval_shape(build))[1]
 
 
@@ -219,7 +218,7 @@ def load_run(workdir, task: Task | str = "translate", *, overrides=None,
   for path, value in (overrides or {}).items():
     section, field = path.split(".")
     config[section][field] = value
-  run = _build_run(config, workdir, task, validate_config(config, task), record=False)
+  run = build_run(config, workdir, task, validate_config(config, task), record=False)
   restore_for_reading(workdir, run, checkpoint_dir)
   nnx.update((run.model, run.optimizer), run.state)
   return run
@@ -227,38 +226,11 @@ def load_run(workdir, task: Task | str = "translate", *, overrides=None,
 
 def _progress(run, m, seconds, steps, tokens):
   """One progress line; rates over the last logging window (eval time excluded)."""
-  eta = seconds / max(steps, 1) * (run.tc.steps - run.step)
-  return (f"step {run.step}/{run.tc.steps} loss {m['loss']:.3f} ppl {np.exp(m['nll']):.1f} "
+  p = run.progress
+  eta = seconds / max(steps, 1) * (run.tc.steps - p.step)
+  return (f"step {p.step}/{run.tc.steps} loss {m['loss']:.3f} ppl {np.exp(m['nll']):.1f} "
           f"|g| {m['grad_norm']:.2f} tok/s {tokens / max(seconds, 1e-9):.0f} "
           f"ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
-
-
-def check_divergence(run: Run, m: dict, ckpt: Checkpoints) -> None:
-  """Raises TrainingDiverged when the loss, the gradient norm or the (updated) parameters are not
-  finite, or the loss is above divergence_factor x log(V) (the loss of a uniform guess): the
-  parameters are then worthless and must not be saved. `m`: the step's metrics (train_step); the
-  loss is of the parameters before the step, param_norm of those after it."""
-  loss = m["loss"]
-  limit = run.tc.divergence_factor * np.log(max(run.mc.tgt_vocab, 2))
-  finite = all(np.isfinite(m[k]) for k in ("loss", "grad_norm", "param_norm"))
-  if finite and not (run.tc.divergence_factor and loss > limit):
-    return
-  saved = ckpt.latest.latest_step()
-  raise TrainingDiverged(
-      f"training diverged at step {run.step}: loss {loss:.4g}, gradient norm "
-      f"{m['grad_norm']:.4g}, parameter norm {m['param_norm']:.4g}"
-      + ("" if not finite else f"; the loss is above {limit:.3g} (train.divergence_factor="
-         f"{run.tc.divergence_factor:g} x log of the target vocabulary)")
-      + f" with train.learning_rate={run.tc.learning_rate:g}. Nothing from this point was saved"
-      + (f"; the last checkpoint is step {saved}" if saved is not None else "")
-      + ". Lower the learning rate (or raise train.warmup_steps) and start a new workdir.")
-
-
-def loss_after_step(run: Run, batch) -> float:
-  """Mean token loss of the current parameters on `batch` (what `run.device_batch` returns: the
-  global batch; one forward pass, no dropout)."""
-  nll, ntok = run.state_loss_fn(run.state, batch)
-  return float(nll) / max(float(ntok), 1.0)
 
 
 def is_better(score: tuple, best: tuple) -> bool:
@@ -279,45 +251,47 @@ class _Timing:
   def close_segment(self, run: Run) -> None:
     """Adds the segment's time to the run and the window; the next segment starts now."""
     now = time.time()
-    run.wall_s += now - self.t_seg
+    run.progress.wall_s += now - self.t_seg
     self.s += now - self.t_seg
     self.t_seg = now
 
 
 def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None):
-  """Runs steps from run.step to tc.steps (or `stop_after` steps, for tests of resuming).
+  """Runs steps from run.progress.step to tc.steps (or `stop_after` steps, for tests of resuming).
 
   Every progress line, evaluation and save first checks the loss (`check_divergence`); a failed
   save raises CheckpointError at its step. Ctrl-C saves the current step, then re-raises.
   """
+  p = run.progress
   tc = run.tc
   step_fn = run.step_fn()
-  step_start = run.step
-  it = run.bundle.train_iter(run.step, None if run.rows is None else run.rows.select)
+  step_start = p.step
+  it = run.task.train_batches(run.bundle, tc, p.step,
+                              None if run.rows is None else run.rows.select)
   key_sharding = None if run.mesh is None else distributed.replicated(run.mesh)
   timing, last = _Timing(time.time()), None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, in _after_step.)
-  spent = bool(tc.max_wall_s) and run.wall_s >= tc.max_wall_s
+  spent = bool(tc.max_wall_s) and p.wall_s >= tc.max_wall_s
   guard = InterruptGuard()
   try:
     with guard:
-      if run.eval_pending and "eval" in run.bundle.splits:  # it was interrupted: before a step
+      if p.eval_pending and run.task.has_eval(run.bundle):  # it was interrupted: before a step
         # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
-        log.info(f"evaluating step {run.step}, whose evaluation was interrupted")
+        log.info(f"evaluating step {p.step}, whose evaluation was interrupted")
         _evaluate(run, ckpt, writer)
-      while (not spent and run.step < tc.steps
-             and (stop_after is None or run.step - step_start < stop_after)):
+      while (not spent and p.step < tc.steps
+             and (stop_after is None or p.step - step_start < stop_after)):
         batch = run.device_batch(next(it))
-        key = run.step_key(run.step)
+        key = run.step_key(p.step)
         if key_sharding is not None:
           key = distributed.place(key, key_sharding)
-        ntok = float(run.bundle.train_tokens(run.step))  # the global batch's, on every process
+        ntok = run.task.train_tokens(run.bundle, tc, p.step)  # the global batch's, everywhere
         # Ctrl-C is held while the step runs: it donates the old state, so an interrupt raised
         # before the new state and its step count are assigned would leave nothing to save.
         with guard.step():
-          run.state, last, run.step = (*step_fn(run.state, batch, key), run.step + 1)
-        run.train_tokens += ntok
+          run.state, last, p.step = (*step_fn(run.state, batch, key), p.step + 1)
+        p.train_tokens += ntok
         timing.steps += 1
         timing.tokens += ntok
         if _after_step(run, ckpt, writer, timing, last, batch):
@@ -326,26 +300,28 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
     _save_on_interrupt(run, ckpt, last)
     raise
   jax.block_until_ready(run.state)
-  run.wall_s += time.time() - timing.t_seg
+  p.wall_s += time.time() - timing.t_seg
   return last
 
 
 def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,
                 batch) -> bool:
-  """What follows step run.step (`last`: its metrics, `batch`: its global batch): the progress
-  line, the evaluation and the saves that are due. True when train.max_wall_s stops training."""
+  """What follows step run.progress.step (`last`: its metrics, `batch`: its global batch): the
+  progress line, the evaluation and the saves that are due. True when train.max_wall_s stops
+  training."""
+  p = run.progress
   tc = run.tc
-  last_step = run.step == tc.steps
-  wall_now = run.wall_s + time.time() - timing.t_seg
+  last_step = p.step == tc.steps
+  wall_now = p.wall_s + time.time() - timing.t_seg
   out_of_time = bool(tc.max_wall_s) and wall_now >= tc.max_wall_s
   mark_now = marks.due(run.workdir, tc.mark_wall_s, wall_now)
   if jax.process_count() > 1 and (tc.max_wall_s or tc.mark_wall_s):
     out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
     mark_now = mark_now if distributed.agree(bool(mark_now)) else []
-  eval_now = (run.step % tc.eval_every == 0 or last_step or out_of_time or bool(mark_now)) and (
-      "eval" in run.bundle.splits)
-  save_now = run.step % tc.checkpoint_every == 0 or last_step or out_of_time or bool(mark_now)
-  log_now = run.step % tc.log_every == 0 or last_step
+  eval_now = (p.step % tc.eval_every == 0 or last_step or out_of_time or bool(mark_now)) and (
+      run.task.has_eval(run.bundle))
+  save_now = p.step % tc.checkpoint_every == 0 or last_step or out_of_time or bool(mark_now)
+  log_now = p.step % tc.log_every == 0 or last_step
   if log_now or eval_now or save_now:
     m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
     check_divergence(run, m, ckpt)
@@ -355,12 +331,12 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
       check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
     if log_now:
       rate = timing.tokens / max(timing.s, 1e-9)
-      run.window_rates.append(rate)
-      writer.write(run.step, "train", {**m, "tokens_per_sec": rate})
+      p.window_rates.append(rate)
+      writer.write(p.step, "train", {**m, "tokens_per_sec": rate})
       log.info(_progress(run, m, timing.s, timing.steps, timing.tokens))
       timing.s, timing.steps, timing.tokens = 0.0, 0, 0.0
   if out_of_time:
-    log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {run.step}: stopping")
+    log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {p.step}: stopping")
   if eval_now:
     _evaluate(run, ckpt, writer)
   if save_now:
@@ -374,74 +350,76 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
 
 def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
   """Evaluates on the eval split, logs it and saves best/ when the selection metrics improve.
-  Until it has finished, `run.eval_pending` is set: a checkpoint saved on Ctrl-C carries it, so
-  the resumed run evaluates the step first instead of never."""
-  run.eval_pending = True
+  Until it has finished, `run.progress.eval_pending` is set: a checkpoint saved on Ctrl-C
+  carries it, so the resumed run evaluates the step first instead of never."""
+  p = run.progress
+  p.eval_pending = True
   t0 = time.time()
-  ev = evaluation.evaluate(run, "eval", run.tc.eval_decode_sentences)
+  ev = run.task.evaluate(run, "eval")
   floats = {k: v for k, v in ev.items() if isinstance(v, float)}
   eval_s = time.time() - t0  # what the evaluation costs the run (results.json sums it: eval_s)
-  writer.write(run.step, "eval", {**floats, "eval_s": eval_s})
-  log.info(f"eval at step {run.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items())
+  writer.write(p.step, "eval", {**floats, "eval_s": eval_s})
+  log.info(f"eval at step {p.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in floats.items())
            + f" ({eval_s:.1f} s)")
   score = tuple(ev[k] for k in run.task.selection_metrics(run.bundle))
-  if distributed.agree(is_better(score, run.best_score)):  # all save best/, or none
-    run.best_score, run.best_step, run.best_eval = score, run.step, floats
-    if ckpt.best.latest_step() != run.step:  # (else saved by an interrupted earlier attempt)
+  if distributed.agree(is_better(score, p.best_score)):  # all save best/, or none
+    p.best_score, p.best_step, p.best_eval = score, p.step, floats
+    if ckpt.best.latest_step() != p.step:  # (else saved by an interrupted earlier attempt)
       resume.save(ckpt, ckpt.best, run)
-  run.eval_pending = False
+  p.eval_pending = False
 
 
 def _save_on_interrupt(run: Run, ckpt: Checkpoints, last) -> None:
   """After Ctrl-C: saves the current step unless it is saved already or its state was donated."""
+  p = run.progress
   if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
-    log.warning(f"interrupted inside step {run.step + 1}, whose input state was donated: "
+    log.warning(f"interrupted inside step {p.step + 1}, whose input state was donated: "
                 "nothing saved; rerun the same command to resume from the last checkpoint")
-  elif last is not None and run.step != ckpt.latest.latest_step():
+  elif last is not None and p.step != ckpt.latest.latest_step():
     jax.block_until_ready(run.state)
     resume.save(ckpt, ckpt.latest, run)
-    log.warning(f"interrupted at step {run.step}: checkpoint saved"
+    log.warning(f"interrupted at step {p.step}: checkpoint saved"
                 + (" (its evaluation had not finished: it runs first when resumed)"
-                   if run.eval_pending else "") + "; rerun the same command to resume")
+                   if p.eval_pending else "") + "; rerun the same command to resume")
 
 
 def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
-  """Trains (resuming from `workdir` if it holds a checkpoint), then decodes and scores the test
-  split. Returns the results dict also written to `workdir/results.json` (the last file written:
-  its presence means the run finished)."""
+  """Trains (resuming from `workdir` if it holds a checkpoint), then evaluates the test split
+  (`Task.write_results`: a sequence-to-sequence task decodes and scores it). Returns the results
+  dict also written to `workdir/results.json` (the last file written: its presence means the
+  run finished)."""
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)  # before the workdir is touched
   mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
   with workdir_lib.lock(workdir):
     previous_train = resume.recorded_train(workdir)  # the last command's, before it is replaced
-    run = _build_run(config, workdir, task, tc, mesh=mesh, record=False)
+    run = build_run(config, workdir, task, tc, mesh=mesh, record=False)
     run.donate = True  # nothing else holds the state between steps
-    v = run.mc.variant
-    log.info(f"model {v['decoder']}/{v['score']}/{v['normalizer']}: "
-             f"{count_params(run.model):,} parameters")
+    log.info(f"model {task.describe_model(run.mc)}: {count_params(run.model):,} parameters")
     log.info(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es); "
              f"this one reads blocks {run.rows.mine} of each batch")
     ckpt = Checkpoints(workdir, keep=tc.keep_checkpoints)
     try:
       resumed = ckpt.restore(ckpt.latest, run)
-      switched = run.switched if run.restored_earlier else {}
+      switched = run.switch.switched if run.switch.restored_earlier else {}
       if resumed:
         resume.check_progress(run, previous_train, switched)  # before any record is rewritten
-        log.info(f"resumed from step {run.step}")
+        log.info(f"resumed from step {run.progress.step}")
       run.records = resume.Records(config, workdir, run.mc)
       if switched:
         # The best checkpoint so far is of the model before the switch: the test split is to be
         # decoded with the model as it is now, so best/ is chosen again among later evaluations.
-        run.best_score, run.best_step, run.best_eval = (), run.step, {}
+        p = run.progress
+        p.best_score, p.best_step, p.best_eval = (), p.step, {}
         log.info("model: " + ", ".join(f"{k} switched on" for k in switched) + " since the "
                  "last checkpoint; its new parameters start from their initial values, and best/ "
                  "now tracks only evaluations after the switch")
       else:  # (after a switch: at the first save of the switched model, resume.Records)
         run.records.write()
-      writer = MetricsWriter(workdir, resumed_step=run.step if resumed else 0)
+      writer = MetricsWriter(workdir, resumed_step=run.progress.step if resumed else 0)
       train(run, ckpt, writer)
-      results = evaluation.write_results(run, ckpt)
+      results = task.write_results(run, ckpt)
     finally:
       ckpt.close()
     compiled = compile_cache.stats()

@@ -51,8 +51,9 @@ def keep(ckpt, run, seconds: float) -> None:
   tmp = target + ".tmp"
   shutil.rmtree(tmp, ignore_errors=True)  # left by a copy that was cut off
   shutil.copytree(os.path.join(str(manager.directory), str(step)), os.path.join(tmp, str(step)))
-  info = {"mark_s": seconds, "wall_s": run.wall_s, "step": run.step, "kept_step": step,
-          "kept_eval": run.best_eval if manager is ckpt.best else {}}
+  p = run.progress
+  info = {"mark_s": seconds, "wall_s": p.wall_s, "step": p.step, "kept_step": step,
+          "kept_eval": p.best_eval if manager is ckpt.best else {}}
   with open(os.path.join(tmp, INFO), "w") as f:
     json.dump(info, f, indent=1)
   os.replace(tmp, target)

@@ -14,6 +14,7 @@ the workdir is rewritten.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -34,13 +35,13 @@ def recorded_train(workdir: str) -> dict:
 
 
 def _why_nothing(run) -> str:
-  tc = run.tc
-  if run.step >= tc.steps:
-    return (f"the checkpoint is at step {run.step} and train.steps={tc.steps}: raise "
-            f"--config.train.steps above {run.step}")
-  return (f"train.max_wall_s={tc.max_wall_s:g} is spent: the run has trained {run.wall_s:.0f} s "
-          f"(to step {run.step} of {tc.steps}), and the budget counts the whole run across "
-          f"resumes: raise --config.train.max_wall_s above {run.wall_s:.0f}")
+  tc, p = run.tc, run.progress
+  if p.step >= tc.steps:
+    return (f"the checkpoint is at step {p.step} and train.steps={tc.steps}: raise "
+            f"--config.train.steps above {p.step}")
+  return (f"train.max_wall_s={tc.max_wall_s:g} is spent: the run has trained {p.wall_s:.0f} s "
+          f"(to step {p.step} of {tc.steps}), and the budget counts the whole run across "
+          f"resumes: raise --config.train.max_wall_s above {p.wall_s:.0f}")
 
 
 def check_progress(run, previous_train: dict, switched: dict) -> None:
@@ -48,8 +49,8 @@ def check_progress(run, previous_train: dict, switched: dict) -> None:
   for training: `switched` (model fields switched on since the checkpoint, by dotted path) is
   not empty, or train.steps was raised above `previous_train`'s. Otherwise a run with nothing
   left to train says so and goes on to decode."""
-  tc = run.tc
-  if run.step < tc.steps and not (tc.max_wall_s and run.wall_s >= tc.max_wall_s):
+  tc, p = run.tc, run.progress
+  if p.step < tc.steps and not (tc.max_wall_s and p.wall_s >= tc.max_wall_s):
     return
   if switched:
     names = ", ".join(f"model.{k}" for k in sorted(switched))
@@ -62,6 +63,17 @@ def check_progress(run, previous_train: dict, switched: dict) -> None:
                       f"train no step: {_why_nothing(run)}. Nothing was changed in the workdir")
   log.info(f"nothing left to train ({_why_nothing(run)}); decoding the test split with the "
            "checkpoint chosen so far")
+
+
+@dataclasses.dataclass
+class Switch:
+  """Model features switched on since the workdir's checkpoints were written
+  (`ModelConfig.SWITCH_ON_WHEN_RESUMING`; workdir.check_model)."""
+  switched: dict = dataclasses.field(default_factory=dict)  # those features, by dotted path
+  # The abstract state of the model before the switch, for restoring its checkpoints (None: no
+  # switch; attn.training.checkpoints.Checkpoints.restore)
+  earlier_state: object = None
+  restored_earlier: bool = False  # the last restore read a checkpoint from before the switch
 
 
 class Records:

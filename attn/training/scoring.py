@@ -210,8 +210,10 @@ def score_workdir(workdir: str, *, splits=(), which: str = "best", beam_size: in
         if k is not pending[0]:
           restore_for_reading(workdir, run, k.directory)  # (decoding reads run.state)
         scores, outputs = _decode_and_score(run, buckets)
-        scores.update(buckets=list(buckets), step=run.step if k.step is None else k.step,
-                      wall_s=run.wall_s if k.wall_s is None else k.wall_s, key=keys[k.name])
+        scores.update(buckets=list(buckets),
+                      step=run.progress.step if k.step is None else k.step,
+                      wall_s=run.progress.wall_s if k.wall_s is None else k.wall_s,
+                      key=keys[k.name])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         files.write_text(_cache_path(workdir, k, split, beam, "txt", search),
                          "".join(o + "\n" for o in outputs))

@@ -17,11 +17,14 @@ from __future__ import annotations
 import abc
 
 import jax.numpy as jnp
+import numpy as np
 
 from attn import decoding
 from attn.decoding import Search
 from attn.errors import ConfigError
 from attn.models import ModelConfig, build_model, copying, match_param_count, sequence_loss
+from attn.training import evaluation
+from attn.training.config import TrainConfig, make_optimizer
 from attn.training.task import Task
 
 
@@ -38,6 +41,14 @@ class Seq2SeqTask(Task):
   # which has no region to point at), rather than counting it as an error.
   aer_skips_unaligned = False
 
+  def train_config(self, cfg):
+    """The validated `train` section: a TrainConfig (the loop's settings, the optimizer's, and
+    evaluation's and decoding's)."""
+    return TrainConfig.from_config(cfg)
+
+  def make_optimizer(self, tc):
+    return make_optimizer(tc)
+
   def data_config(self, cfg):
     """The validated `data` section (DataConfig by default)."""
     from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
@@ -47,6 +58,17 @@ class Seq2SeqTask(Task):
     """The data bundle the loop reads (attn.data.DataBundle's interface) of the `data` section."""
     from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
     return data.load(cfg, workdir)
+
+  def train_batches(self, bundle, tc, start_step: int, select_rows=None):
+    del tc  # the batch order is a data setting (attn.data)
+    return bundle.train_iter(start_step, select_rows)
+
+  def train_tokens(self, bundle, tc, step: int) -> float:
+    del tc
+    return float(bundle.train_tokens(step))
+
+  def device_batch(self, batch) -> dict:
+    return evaluation.device_batch(batch)
 
   @abc.abstractmethod
   def score(self, bundle, role, hyps: dict, src_lengths: dict) -> dict:
@@ -79,6 +101,28 @@ class Seq2SeqTask(Task):
 
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
     return build_model(model_config, seed=seed, compute_dtype=compute_dtype)
+
+  def describe_model(self, model_config) -> str:
+    v = model_config.variant
+    return f"{v['decoder']}/{v['score']}/{v['normalizer']}"
+
+  def loss_options(self, tc) -> dict:
+    return {"label_smoothing": tc.label_smoothing}
+
+  def uniform_loss(self, model_config) -> float:
+    """log V of the target vocabulary (at least 2 words)."""
+    return float(np.log(max(model_config.tgt_vocab, 2)))
+
+  def evaluate(self, run, role: str = "eval") -> dict:
+    """Perplexity and the task's scores of greedy outputs of the first
+    train.eval_decode_sentences examples (attn.training.evaluation.evaluate)."""
+    ev = evaluation.evaluate(run, role, run.tc.eval_decode_sentences)
+    return {k: v for k, v in ev.items() if isinstance(v, float)}
+
+  def write_results(self, run, ckpt) -> dict:
+    """Decodes the test split with the best checkpoint and writes predictions.txt,
+    attention.npz, attention.png and results.json (attn.training.evaluation.write_results)."""
+    return evaluation.write_results(run, ckpt)
 
   def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
     """The cross-entropy of the targets, or the pointer-generator's on the extended vocabulary

@@ -1,8 +1,10 @@
 """The task interface of the training loop: what every application's run needs.
 
-A task is what an application (attn.apps) gives the loop: its data, its model, its loss and how
-its evaluations choose the best checkpoint. Sequence-to-sequence tasks, which also decode and
-score text, extend it in attn.training.seq2seq_task. `get_task(name)` finds the task of a
+A task is what an application (attn.apps) gives the loop: its train section and optimizer, its
+data and the batches the loop trains on, its model and loss, its evaluation (and how it chooses
+the best checkpoint) and its result files. The loop (attn.training.loop) reaches a task only
+through these methods, so it names no application. Sequence-to-sequence tasks, which also decode
+and score text, extend it in attn.training.seq2seq_task. `get_task(name)` finds the task of a
 registered application.
 """
 
@@ -36,6 +38,20 @@ class Task(abc.ABC):
   notes: tuple[tuple[str, str], ...] = ()
   run_figures: tuple[str, ...] = RUN_FIGURES
 
+  # -- the train section and the optimizer
+
+  def train_config(self, cfg):
+    """The validated `train` section: a frozen LoopConfig (attn.training.config), or a subclass
+    holding the task's own settings too; ConfigError naming the first bad field."""
+    from attn.training.config import LoopConfig  # pylint: disable=import-outside-toplevel
+    return LoopConfig.from_config(cfg)
+
+  @abc.abstractmethod
+  def make_optimizer(self, tc):
+    """The optax transformation of train section `tc` (the loop steps it: nnx.Optimizer)."""
+
+  # -- data
+
   @abc.abstractmethod
   def data_config(self, cfg):
     """The validated `data` section: a frozen dataclass with `batch_size` and
@@ -44,6 +60,30 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def load_data(self, cfg, workdir):
     """The data bundle the loop reads, of the validated `data` section `cfg`."""
+
+  def has_eval(self, bundle) -> bool:
+    """Whether the data has an eval split: without one the loop never evaluates and best/ stays
+    empty."""
+    return "eval" in bundle.splits
+
+  @abc.abstractmethod
+  def train_batches(self, bundle, tc, start_step: int, select_rows=None):
+    """An iterator of host training batches (dicts of numpy arrays), the batch of step
+    `start_step` first: a resumed run reads the batches an uninterrupted one would.
+    select_rows: this process's rows of a global batch (attn.training.distributed.RowShard
+    .select); None: the whole batch."""
+
+  @abc.abstractmethod
+  def train_tokens(self, bundle, tc, step: int) -> float:
+    """The tokens (or positions) the loss counts in the whole global batch of `step`, the same
+    on every process: what tok/s and results.json's tokens_per_sec count."""
+
+  def device_batch(self, batch) -> dict:
+    """The arrays of a host batch that the model reads (no example metadata); all of them by
+    default."""
+    return batch
+
+  # -- the model and its loss
 
   @abc.abstractmethod
   def model_config(self, cfg, bundle):
@@ -59,9 +99,38 @@ class Task(abc.ABC):
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
     """A freshly initialized model (float32 parameters) whose matmuls run in `compute_dtype`."""
 
+  def describe_model(self, model_config) -> str:
+    """A few words naming the model for the run's log line (e.g. "rnn/additive/softmax")."""
+    return type(model_config).__name__
+
   @abc.abstractmethod
-  def loss(self, model, batch, dropout_key=None, label_smoothing=0.0):
-    """(sum of token losses, number of tokens, sum of unsmoothed NLL), float32 scalars."""
+  def loss(self, model, batch, dropout_key=None, **options):
+    """(sum of token losses, number of tokens, sum of unsmoothed NLL), float32 scalars.
+    options: the static settings of `loss_options` (none when the loss is only evaluated)."""
+
+  def loss_options(self, tc) -> dict:
+    """Static keyword arguments of `loss` in the train step, from train section `tc` (e.g.
+    label smoothing); none by default."""
+    del tc
+    return {}
+
+  @abc.abstractmethod
+  def uniform_loss(self, model_config) -> float:
+    """The mean token loss of a uniform guess over the outputs (log of their number): the
+    divergence guard stops a run whose loss exceeds train.divergence_factor times it."""
+
+  # -- evaluation and results
+
+  @abc.abstractmethod
+  def evaluate(self, run, role: str = "eval") -> dict:
+    """{metric: float} of the current parameters (`run.state`) on split `role`; must hold every
+    name of `selection_metrics` (higher is better)."""
+
+  @abc.abstractmethod
+  def write_results(self, run, ckpt) -> dict:
+    """After training: restores the best checkpoint (else keeps the last), evaluates the test
+    split and writes the run's result files, results.json last (its presence means the run
+    finished); returns the results. Only process 0 writes."""
 
   @abc.abstractmethod
   def selection_metrics(self, bundle) -> tuple[str, ...]:

@@ -71,6 +71,12 @@ class InteractionConfig:
         raise ConfigError(message)
 
   @property
+  def tokens_per_batch(self) -> int:
+    """0: batches hold `batch_size` histories, never a token budget (what the device mesh checks:
+    attn.training.distributed.check_batch_rows)."""
+    return 0
+
+  @property
   def max_input_len(self) -> int:
     """The longest model input: a test input is a history without its last item."""
     return self.max_len - 1
@@ -180,18 +186,26 @@ def leave_one_out(log: InteractionLog) -> dict[str, Split]:
   return {"train": _role(log, 2), "valid": _role(log, 1), "test": _role(log, 0)}
 
 
-def train_batches(split: Split, batch_size: int, seed: int, start_step: int = 0):
-  """Yields (inputs [B, T], lengths [B], targets [B, T]) batches, step `start_step` first: the
-  users are reshuffled every epoch with a seed of (seed, epoch), so a resumed run sees the same
-  batches an uninterrupted one would."""
-  U = len(split.lengths)
-  per_epoch = max(1, U // batch_size)
+def batch_rows(num_users: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """The users [batch_size] of training step `step`: the users are reshuffled every epoch with a
+  seed of (seed, epoch); with fewer users than a batch, drawn with repetition."""
+  per_epoch = max(1, num_users // batch_size)
+  epoch, i = divmod(step, per_epoch)
+  order = np.random.default_rng([seed, epoch]).permutation(num_users)
+  rows = order[i * batch_size:(i + 1) * batch_size]
+  return rows if len(rows) == batch_size else np.resize(order, batch_size)
+
+
+def train_batches(split: Split, batch_size: int, seed: int, start_step: int = 0,
+                  select_rows=None):
+  """Yields (inputs [B, T], lengths [B], targets [B, T]) batches, step `start_step` first
+  (`batch_rows`), so a resumed run sees the batches an uninterrupted one would. select_rows:
+  this process's rows of a global batch (attn.training.distributed.RowShard.select; the batch
+  size divides over the data axis, so it never adds filler rows); None: all of them."""
   step = start_step
   while True:
-    epoch, i = divmod(step, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(U)
-    rows = order[i * batch_size:(i + 1) * batch_size]
-    if len(rows) < batch_size:  # fewer users than a batch: draw with repetition
-      rows = np.resize(order, batch_size)
+    rows = batch_rows(len(split.lengths), batch_size, seed, step)
+    if select_rows is not None:
+      rows = select_rows(rows)
     yield split.inputs[rows], split.lengths[rows], split.targets[rows]
     step += 1

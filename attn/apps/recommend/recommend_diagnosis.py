@@ -57,14 +57,12 @@ def check_model(workdir: str, record: dict) -> None:
 
 
 def load_run(workdir: str):
-  """(the RecRun with its best checkpoint restored, the leave-one-out splits) of a finished
-  recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or has no
-  attention. Writes nothing."""
+  """(the training loop's Run with its best checkpoint restored, the leave-one-out splits) of a
+  finished recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or
+  has no attention. Writes nothing."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from attn.apps.recommend import interactions  # pylint: disable=import-outside-toplevel
-  from attn.apps.recommend import recommenders  # pylint: disable=import-outside-toplevel
   from attn.apps.recommend import recommendation as rec  # pylint: disable=import-outside-toplevel
-  from attn.training import checkpoints  # pylint: disable=import-outside-toplevel
+  from attn.training import checkpoints, loop  # pylint: disable=import-outside-toplevel
   res, why = _read(os.path.join(workdir, "results.json"))
   if res is None or "hr10" not in res:
     raise workdir_lib.WorkdirError(
@@ -73,14 +71,11 @@ def load_run(workdir: str):
   check_model(workdir, res.get("model_config") or {})
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
-  dc, mc, tc = rec.validate_config(config)
-  mc = rec.resolve_model(mc, dc)
-  model = recommenders.build(mc, seed=tc.seed)
-  optimizer = nnx.Optimizer(model, rec.make_optimizer(tc), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
-  run = rec.RecRun(workdir, dc, mc, tc, graphdef, state)
+  task = rec.RecommendTask()
+  run = loop.build_run(config, workdir, task, loop.validate_config(config, task), record=False)
   checkpoints.restore_for_reading(workdir, run)
-  return run, interactions.leave_one_out(interactions.generate(dc))
+  nnx.update((run.model, run.optimizer), run.state)
+  return run, run.bundle.splits
 
 
 def _read(path):

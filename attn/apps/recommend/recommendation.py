@@ -1,15 +1,10 @@
-"""Next-item recommendation: train a recommender (attn.apps.recommend.recommenders) on the generated
-interaction log (attn.apps.recommend.interactions), rank the held-out items, write the run's files.
-
-Why not a `Task` in TASKS: the seq2seq loop's task interface is built around a data bundle of
-source/target text, decoding (`decode`, `Search`), text scores against references and token
-vocabularies; next-item ranking has none of these (no decoding, no vocabulary, a score over the
-whole item set per user). So this is the smallest loop that reuses the same pieces as
-attn.training.loop for everything else: the workdir checks and run lock
-(`workdir.prepare`/`lock`/`check_model`/`record_model`), orbax `Checkpoints` (latest for
-resuming, best by the valid split's NDCG@10), `MetricsWriter` (metrics.jsonl, TensorBoard) and
-the atomic writer; config.json and model.json are written once the config is valid and the
-workdir's checkpoints are known to be of this model, results.json last.
+"""Next-item recommendation: a recommender (attn.apps.recommend.recommenders) trained on the
+generated interaction log (attn.apps.recommend.interactions) through the one training loop
+(attn.training.loop, `task="recommend"`), which ranks the held-out items and writes the run's
+files. `RecommendTask` is what the loop needs to know: the train section (RecTrainConfig), the
+optimizer, the batches of histories, the model and its loss, the valid split's ranking (best/ by
+NDCG@10, then HR@10) and the result files; the loop brings the divergence guard, the Ctrl-C
+save, resuming, the workdir lock and checks, the device mesh, checkpoints and metrics.jsonl.
 
 Training objective: the full softmax cross-entropy of the next item at every position of the
 training history (SASRec trains a binary loss against one sampled negative; with a few hundred
@@ -23,12 +18,10 @@ run viewer's format: attn.inspection.viewer).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
-import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -38,40 +31,44 @@ from attn.apps.recommend import interactions
 from attn.errors import ConfigError
 from attn.apps.recommend import recommenders
 from attn.apps.recommend import recommendation_eval as rec_eval
-from attn.training import workdir as workdir_lib
-from attn.training.checkpoints import Checkpoints
-from attn.training.metrics_log import MetricsWriter
-from attn.training.task import RUN_FIGURES
-
-log = logging.getLogger(__name__)
+from attn.training.config import LoopConfig
+from attn.training.task import RUN_FIGURES, Task
 
 
 @dataclasses.dataclass(frozen=True)
-class RecTrainConfig:
-  """The `train` section of experiments/configs/recommend.py."""
+class RecTrainConfig(LoopConfig):
+  """The `train` section of experiments/configs/recommend.py: the loop's settings (LoopConfig,
+  some at other defaults here) and the test users whose attention is kept."""
   steps: int = option(1200, "optimizer steps")
   learning_rate: float = option(3e-3, "peak learning rate (Adam, after warm-up)")
   warmup_steps: int = option(100, "linear warm-up from 0, then cosine decay to 10%")
-  clip_norm: float = option(1.0, "global gradient-norm clipping")
   log_every: int = option(100, "steps between progress lines and train metrics")
   eval_every: int = option(300, "steps between valid-split evaluations (best/ by NDCG@10)")
   checkpoint_every: int = option(300, "steps between checkpoints (for resuming)")
-  seed: int = option(0, "model initialization and batch order")
+  seed: int = option(0, "model initialization, dropout and batch order")
   attention_samples: int = option(32, "test users whose attention goes to attention.npz")
 
   def __post_init__(self):
-    for name in ("steps", "log_every", "eval_every", "checkpoint_every"):
-      if getattr(self, name) < 1:
-        raise ConfigError(f"train.{name}={getattr(self, name)} must be at least 1")
-    if not self.learning_rate > 0:
-      raise ConfigError(f"train.learning_rate={self.learning_rate} must be positive")
-    if self.warmup_steps < 0 or self.attention_samples < 0:
-      raise ConfigError("train.warmup_steps and train.attention_samples must be >= 0")
+    super().__post_init__()
+    if self.attention_samples < 0:
+      raise ConfigError(f"train.attention_samples={self.attention_samples} must be >= 0")
 
 
-class RecommendTask:
-  """What a finished recommend run's results.json holds (attn.training.task.Task's
-  declarations), read by launch.py and the run tools."""
+SECTIONS = {"data": interactions.InteractionConfig, "model": recommenders.RecommenderConfig,
+            "train": RecTrainConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecBundle:
+  """The loaded data: the log's config and its leave-one-out splits ("train", "valid", "test";
+  interactions.leave_one_out). The loop's "eval" split is "valid"."""
+  config: interactions.InteractionConfig
+  splits: dict
+
+
+class RecommendTask(Task):
+  """Next-item recommendation as a task of the training loop. Batches are dicts of inputs,
+  lengths [B] and targets ([B, T] each but lengths); the loss counts the valid positions."""
   scores = ("hr10", "ndcg10")
   figures = ("attention_on_gold", "random_hr10", "users")
   nested = ("hr10_by_length", "ndcg10_by_length", "attention_on_gold_by_length",
@@ -82,9 +79,90 @@ class RecommendTask:
   notes = ()
   run_figures = RUN_FIGURES
 
+  def train_config(self, cfg) -> RecTrainConfig:
+    return RecTrainConfig.from_config(cfg)
 
-SECTIONS = {"data": interactions.InteractionConfig, "model": recommenders.RecommenderConfig,
-            "train": RecTrainConfig}
+  def make_optimizer(self, tc: RecTrainConfig):
+    """Adam with global-norm clipping; linear warm-up, then cosine decay to 10% of the peak."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, tc.learning_rate, tc.warmup_steps, max(tc.steps, tc.warmup_steps + 1),
+        tc.learning_rate * 0.1)
+    return optax.chain(optax.clip_by_global_norm(tc.clip_norm), optax.adam(schedule))
+
+  def data_config(self, cfg) -> interactions.InteractionConfig:
+    return configurable.from_config(interactions.InteractionConfig, cfg, section="data")
+
+  def load_data(self, cfg, workdir) -> RecBundle:
+    """The generated log of the `data` section and its split (a function of the config: nothing
+    is read from or written to `workdir`)."""
+    del workdir
+    dc = self.data_config(cfg)
+    return RecBundle(dc, interactions.leave_one_out(interactions.generate(dc)))
+
+  def has_eval(self, bundle) -> bool:
+    return "valid" in bundle.splits
+
+  def train_batches(self, bundle: RecBundle, tc, start_step: int, select_rows=None):
+    batches = interactions.train_batches(bundle.splits["train"], bundle.config.batch_size,
+                                         tc.seed, start_step, select_rows)
+    return ({"inputs": x, "lengths": n, "targets": y} for x, n, y in batches)
+
+  def train_tokens(self, bundle: RecBundle, tc, step: int) -> float:
+    """The training positions of the global batch of `step` (its histories' lengths)."""
+    split = bundle.splits["train"]
+    rows = interactions.batch_rows(len(split.lengths), bundle.config.batch_size, tc.seed, step)
+    return float(split.lengths[rows].sum())
+
+  def model_config(self, cfg, bundle: RecBundle) -> recommenders.RecommenderConfig:
+    mc = configurable.from_config(recommenders.RecommenderConfig, cfg, section="model")
+    return resolve_model(mc, bundle.config)
+
+  def check_model_config(self, cfg, data, train) -> None:
+    configurable.from_config(recommenders.RecommenderConfig, cfg, section="model")
+    if train.compute_dtype != "float32":
+      raise ConfigError(f"train.compute_dtype={train.compute_dtype!r}: the recommenders compute "
+                        "in float32 only; set train.compute_dtype=float32")
+
+  def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
+    del compute_dtype  # float32 only (check_model_config)
+    return recommenders.build(model_config, seed=seed)
+
+  def describe_model(self, model_config) -> str:
+    return model_config.kind
+
+  def loss(self, model, batch, dropout_key=None, **options):
+    """(sum of the next-item cross-entropies over the valid positions, their number (at least
+    1), the same sum): batch inputs, targets [B, T], lengths [B]."""
+    del options  # none
+    inputs, lengths, targets = batch["inputs"], batch["lengths"], batch["targets"]
+    h, _ = model(inputs, lengths, dropout_key)
+    logp = jax.nn.log_softmax(model.logits(h).astype(jnp.float32))  # [B, T, V]
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
+    valid = (jnp.arange(inputs.shape[1])[None] < lengths[:, None]).astype(jnp.float32)
+    total = jnp.sum(nll * valid)
+    return total, jnp.maximum(valid.sum(), 1.0), total
+
+  def uniform_loss(self, model_config) -> float:
+    """log of the number of items (PAD is never a candidate: its logit is -inf)."""
+    return float(np.log(max(model_config.num_items, 2)))
+
+  def selection_metrics(self, bundle) -> tuple[str, ...]:
+    return ("ndcg10", "hr10")
+
+  def evaluate(self, run, role: str = "eval") -> dict:
+    """hr10 and ndcg10 of ranking the held-out items of `role` ("eval": the valid split)."""
+    ev = rec_eval.rank_split(run.graphdef, run.state, run.bundle.splits[
+        "valid" if role == "eval" else role])
+    return {"hr10": float(ev["hr10"]), "ndcg10": float(ev["ndcg10"])}
+
+  def write_results(self, run, ckpt) -> dict:
+    """Ranks the test split with the best checkpoint; writes attention.npz and results.json
+    (recommendation_eval.write_results). The step and training time are the whole run's."""
+    trained = {"params": recommenders.count_params(run.model), "step": run.progress.step,
+               "wall_s": run.progress.wall_s}
+    if ckpt.best.latest_step() is not None:  # (an evaluation at the last step always saves one)
+      ckpt.restore(ckpt.best, run)
+    return rec_eval.write_results(run, run.bundle.splits, trained)
 
 
 def default_config(**sections):
@@ -105,6 +183,7 @@ def validate_config(config):
     if name not in config:
       raise ConfigError(f"the config has no `{name}` section")
     out.append(configurable.from_config(cls, config[name], section=name))
+  RecommendTask().check_model_config(config.model, out[0], out[2])
   return tuple(out)
 
 
@@ -120,120 +199,3 @@ def resolve_model(mc, dc):
   at1, at2 = (count(dataclasses.replace(mc, ffn_dim=f)) for f in (1, 2))
   width = max(1, round(1 + (goal - at1) / (at2 - at1)))
   return dataclasses.replace(mc, ffn_dim=width, match_params=False)
-
-
-def make_optimizer(tc: RecTrainConfig):
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, tc.learning_rate, tc.warmup_steps, max(tc.steps, tc.warmup_steps + 1),
-      tc.learning_rate * 0.1)
-  return optax.chain(optax.clip_by_global_norm(tc.clip_norm), optax.adam(schedule))
-
-
-def next_item_loss(model, inputs, lengths, targets, dropout_key=None):
-  """(mean cross-entropy over the valid positions, number of positions). inputs, targets:
-  [B, T]; lengths: [B]."""
-  h, _ = model(inputs, lengths, dropout_key)
-  logp = jax.nn.log_softmax(model.logits(h).astype(jnp.float32))  # [B, T, V]
-  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
-  valid = (jnp.arange(inputs.shape[1])[None] < lengths[:, None]).astype(jnp.float32)
-  n = jnp.maximum(valid.sum(), 1.0)
-  return jnp.sum(nll * valid) / n, n
-
-
-def train_step(graphdef, state, inputs, lengths, targets, dropout_key):
-  """One Adam step; state = nnx.state((model, optimizer)). Returns (state, metrics)."""
-  model, optimizer = nnx.merge(graphdef, state)
-  (loss, n), grads = nnx.value_and_grad(next_item_loss, has_aux=True)(model, inputs, lengths,
-                                                                     targets, dropout_key)
-  optimizer.update(model, grads)
-  return nnx.state((model, optimizer)), {"loss": loss, "positions": n,
-                                         "grad_norm": optax.tree.norm(grads)}
-
-
-@dataclasses.dataclass
-class RecRun:
-  """What a run holds; the counters are the ones `Checkpoints` saves and restores."""
-  workdir: str
-  dc: interactions.InteractionConfig
-  mc: recommenders.RecommenderConfig
-  tc: RecTrainConfig
-  graphdef: object
-  state: object
-  step: int = 0
-  best_score: tuple = ()
-  best_step: int = 0
-  best_eval: dict = dataclasses.field(default_factory=dict)
-  wall_s: float = 0.0
-  train_tokens: float = 0.0  # training positions seen
-  eval_pending: bool = False
-
-  @property
-  def model(self):
-    return nnx.merge(self.graphdef, self.state)[0]
-
-
-def _evaluate(run: RecRun, splits, ckpt, writer) -> None:
-  ev = rec_eval.rank_split(run.graphdef, run.state, splits["valid"])
-  scores = {k: ev[k] for k in ("hr10", "ndcg10")}
-  writer.write(run.step, "eval", scores)
-  log.info(f"eval at step {run.step}: hr10 {scores['hr10']:.3f} ndcg10 {scores['ndcg10']:.3f}")
-  score = (scores["ndcg10"], scores["hr10"])
-  if score >= run.best_score:
-    run.best_score, run.best_step, run.best_eval = score, run.step, scores
-    ckpt.save(ckpt.best, run)
-
-
-def train(run: RecRun, splits, ckpt: Checkpoints, writer: MetricsWriter) -> None:
-  """Steps from run.step to train.steps: progress lines, evaluations (best/) and checkpoints."""
-  tc = run.tc
-  step_fn = jax.jit(functools.partial(train_step, run.graphdef), donate_argnums=(0,))
-  batches = interactions.train_batches(splits["train"], run.dc.batch_size, tc.seed, run.step)
-  t0 = time.time()
-  while run.step < tc.steps:
-    inputs, lengths, targets = next(batches)
-    # The dropout masks are a function of the seed and the step: a resumed run draws the same.
-    key = jax.random.fold_in(jax.random.PRNGKey(tc.seed + 1), run.step)
-    run.state, m = step_fn(run.state, inputs, lengths, targets, key)
-    run.step += 1
-    run.train_tokens += float(lengths.sum())
-    due = lambda every: run.step % every == 0 or run.step == tc.steps
-    if due(tc.log_every) or due(tc.eval_every) or due(tc.checkpoint_every):
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
-      run.wall_s += time.time() - t0
-      if due(tc.log_every):
-        writer.write(run.step, "train", m)
-        log.info(f"step {run.step}/{tc.steps} loss {m['loss']:.3f} |g| {m['grad_norm']:.2f}")
-      if due(tc.eval_every):
-        _evaluate(run, splits, ckpt, writer)
-      if due(tc.checkpoint_every):
-        ckpt.save(ckpt.latest, run)
-      t0 = time.time()
-
-
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains (resuming from `workdir`'s checkpoint), ranks the test split with the best
-  checkpoint, writes results.json (returned) and attention.npz. Every user mistake is a
-  ConfigError / WorkdirError before anything is written."""
-  dc, mc, tc = validate_config(config)
-  mc = resolve_model(mc, dc)
-  workdir_lib.prepare(workdir)
-  with workdir_lib.lock(workdir):
-    workdir_lib.check_model(workdir, mc)
-    splits = interactions.leave_one_out(interactions.generate(dc))
-    model = recommenders.build(mc, seed=tc.seed)
-    params = recommenders.count_params(model)
-    optimizer = nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, optimizer))
-    run = RecRun(workdir, dc, mc, tc, graphdef, state)
-    log.info(f"model {mc.kind}: {params:,} parameters")
-    ckpt = Checkpoints(workdir)
-    try:
-      if ckpt.restore(ckpt.latest, run):
-        log.info(f"resumed from step {run.step}")
-      rec_eval.write_records(config, workdir, mc)
-      train(run, splits, ckpt, MetricsWriter(workdir, resumed_step=run.step))
-      trained = {"step": run.step, "wall_s": run.wall_s}
-      ckpt.restore(ckpt.best, run)  # (an evaluation at the last step always saves one)
-      return rec_eval.write_results(run, splits, {"params": params, **trained})
-    finally:
-      ckpt.close()

@@ -1,7 +1,8 @@
 """Evaluation of a next-item recommender and the files of its run: full-item-set ranking
 (Hit-rate@10, NDCG@10; attn.evaluation.ranking), both also by history length, the final
-position's attention on the planted trigger (the gold key), config.json / model.json,
-attention.npz (attn.inspection.viewer's format) and results.json.
+position's attention on the planted trigger (the gold key), attention.npz
+(attn.inspection.viewer's format) and results.json. (config.json and model.json are the
+training loop's: attn.training.resume.Records.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from flax import nnx
 from attn.common import files
 from attn.common.tables import format_cell, markdown_table
 from attn.evaluation import ranking
-from attn.training import workdir as workdir_lib
-from attn.training.config import config_record
+from attn.training import distributed
 
 K = 10  # the cut-off of HR@K and NDCG@K
 EVAL_BATCH = 256  # users per evaluation call (the last batch is padded to it: one compilation)
@@ -87,12 +87,6 @@ def by_length(values, lengths, lo: int, hi: int) -> dict:
   return out
 
 
-def write_records(config, workdir: str, mc) -> None:
-  """config.json (the experiment's config) and model.json (what the checkpoints hold)."""
-  files.write_text(os.path.join(workdir, "config.json"), config_record(config))
-  workdir_lib.record_model(workdir, mc)
-
-
 def _attention_npz(run, split, ev, samples: int) -> dict:
   """The run viewer's arrays (attn.inspection.viewer) for the first `samples` test users: rows
   are positions (labelled by the item that follows each), columns the history's items (labelled
@@ -105,7 +99,7 @@ def _attention_npz(run, split, ev, samples: int) -> dict:
             "score": np.array(run.mc.score if run.mc.has_attention else "none")}
   sources, preds, refs = [], [], []
   if n_users:
-    model = run.model
+    model = nnx.merge(run.graphdef, run.state)[0]  # the restored parameters
     _, w = model(jnp.asarray(split.inputs[:n_users]), jnp.asarray(split.lengths[:n_users]))
     w = None if w is None else np.asarray(w, np.float32)  # [N, L, H, T, T]
   for u in range(n_users):
@@ -129,18 +123,21 @@ def _attention_npz(run, split, ev, samples: int) -> dict:
 
 def write_results(run, splits, trained: dict) -> dict:
   """Ranks the test split with the restored (best) state, writes attention.npz, then
-  results.json (last: its presence means the run finished); returns the results."""
+  results.json (last: its presence means the run finished; process 0 alone writes); returns
+  the results. run: an attn.training.loop.Run of the recommend task (its bundle's `config`: the
+  InteractionConfig); trained: params, step and wall_s of the whole run."""
   test = splits["test"]
+  dc = run.bundle.config
   ev = rank_split(run.graphdef, run.state, test)
-  lo, hi = run.dc.min_len - 1, run.dc.max_input_len
+  lo, hi = dc.min_len - 1, dc.max_input_len
   results = {"model": run.mc.kind, "decoder": run.mc.kind, "split": "test",
              "hr10": ev["hr10"], "ndcg10": ev["ndcg10"],
-             "random_hr10": K / run.dc.num_items, "users": int(len(test.lengths)),
+             "random_hr10": K / dc.num_items, "users": int(len(test.lengths)),
              "hr10_by_length": by_length(ev["ranks"] <= K, test.lengths, lo, hi),
              "ndcg10_by_length": by_length(
                  np.where(ev["ranks"] <= K, 1 / np.log2(ev["ranks"] + 1.0), 0.0),
                  test.lengths, lo, hi),
-             **trained, "best_step": run.best_step, "best_eval": run.best_eval,
+             **trained, "best_step": run.progress.best_step, "best_eval": run.progress.best_eval,
              "model_config": run.mc.record()["recommender"]}
   if run.mc.has_attention:
     last_layer = ev["on_gold"][:, -1]
@@ -152,9 +149,11 @@ def write_results(run, splits, trained: dict) -> dict:
             by_length(ev["on_gold"][:, l], test.lengths, lo, hi)
             for l in range(ev["on_gold"].shape[1])],
         gold_is_argmax_by_layer=[float(v) for v in np.nanmean(ev["gold_is_argmax"], axis=0)])
-  with files.atomic_path(os.path.join(run.workdir, "attention.npz"), suffix=".npz") as tmp:
-    np.savez(tmp, **_attention_npz(run, test, ev, run.tc.attention_samples))
-  files.write_json(os.path.join(run.workdir, "results.json"), results)
+  arrays = _attention_npz(run, test, ev, run.tc.attention_samples)
+  if distributed.is_primary():
+    with files.atomic_path(os.path.join(run.workdir, "attention.npz"), suffix=".npz") as tmp:
+      np.savez(tmp, **arrays)
+    files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results
 
 
