@@ -88,6 +88,8 @@ def test_an_application_registered_in_one_place_trains_lists_and_tabulates(last_
   assert results["last_word_accuracy"] == pytest.approx(last_word_accuracy(hyps, refs))
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     assert json.load(f)["last_word_accuracy"] == results["last_word_accuracy"]
+  with open(os.path.join(workdir, "application.json"), encoding="utf-8") as f:
+    assert json.load(f) == {"application": last_word_app}  # the workdir is bound to it
 
   # The run tools recognise the run by its task's scores; the table has the task's columns.
   assert entry_points.experiment_of(workdir) == last_word_app
@@ -116,3 +118,31 @@ def test_the_run_tools_name_a_run_of_an_application_they_do_not_read(tmp_path, n
   assert f"holds a {name} run ({results_file}" in lines[0], lines
   assert f"python -m experiments.{name} --help" in lines[0], lines
   assert sorted(os.listdir(tmp_path)) == sorted(["model.json", results_file])  # nothing written
+
+
+@pytest.mark.parametrize("records,held", [
+    ({"application.json": {"application": "caption"}}, "caption"),
+    # a run written before application.json: its finished results name it
+    ({"results.json": {"hr10": 0.5, "ndcg10": 0.3}}, "recommend"),
+    ({"metrics.jsonl": {"split": "eval", "step": 10, "digit_accuracy": 0.5}}, "caption"),
+    ({"retrieve.json": {}, "model.json": {}}, "retrieve"),
+])
+@pytest.mark.parametrize("module,preset", [
+    ("experiments.translate", "experiments/configs/translate.py:smoke"),
+    ("experiments.recommend", "experiments/configs/recommend.py:tiny"),
+])
+def test_a_workdir_of_another_application_is_refused_before_anything_is_written(
+    tmp_path, records, held, module, preset):
+  if module.endswith(held):
+    pytest.skip("the workdir's own application")
+  for name, record in records.items():
+    (tmp_path / name).write_text(json.dumps(record))
+  before = sorted(os.listdir(tmp_path))
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-m", module, f"--config={preset}",
+                      f"--workdir={tmp_path}"], cwd=repo, capture_output=True, text=True,
+                     timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  assert f"holds a {held} run; a {module.split('.')[1]} run would overwrite its files" in lines[0]
+  assert sorted(os.listdir(tmp_path)) == before  # no data cache, vocabulary or record written

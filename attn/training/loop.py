@@ -43,7 +43,7 @@ from attn.training.divergence import (  # noqa: F401  (TrainingDiverged: raised 
     TrainingDiverged, check_divergence, loss_after_step)
 from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
-from attn.training.task import Task, get_task
+from attn.training.task import Task, application_of, get_task
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,12 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   Nothing is written before the whole config is valid; config.json is replaced atomically, and
   only once the workdir is known to hold no checkpoints of another model.
   """
+  name = task if isinstance(task, str) else application_of(task)
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)
   mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
+  workdir_lib.claim(workdir, name)
   return build_run(config, workdir, task, tc, mesh=mesh)
 
 
@@ -388,10 +390,12 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   (`Task.write_results`: a sequence-to-sequence task decodes and scores it). Returns the results
   dict also written to `workdir/results.json` (the last file written: its presence means the
   run finished)."""
+  name = task if isinstance(task, str) else application_of(task)
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)  # before the workdir is touched
   mesh = make_mesh(config, tc, task)
   workdir_lib.prepare(workdir)
+  workdir_lib.claim(workdir, name)  # before anything else is written into it
   with workdir_lib.lock(workdir):
     previous_train = resume.recorded_train(workdir)  # the last command's, before it is replaced
     run = build_run(config, workdir, task, tc, mesh=mesh, record=False)

@@ -143,3 +143,13 @@ def get_task(name: str) -> Task:
   ConfigError listing the known ones if none."""
   from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
   return apps.app(name).task_class()
+
+
+def application_of(task: Task) -> str:
+  """The name of the registered application whose task `task` is (attn.apps.APPS); for a task
+  no application registers, its class name."""
+  from attn import apps  # pylint: disable=import-outside-toplevel
+  for name, entry in apps.APPS.items():
+    if entry.task is not None and entry.task_class is type(task):
+      return name
+  return type(task).__name__

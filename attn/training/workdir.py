@@ -9,6 +9,10 @@ to the model its checkpoints hold.
   got it, so a busy workdir stops every process. (One lock per process would not work: on one
   machine the second process of the same run would find the first one's lock; on a shared
   filesystem across hosts flock may not reach the other hosts at all.)
+- `claim(workdir, application)`: a workdir holds the runs of one application (attn.apps), named
+  in `application.json` before anything else is written; any entry point given the workdir of
+  another application refuses it before writing anything (it would overwrite that run's
+  model.json, or fail later on its checkpoints).
 - `check_model(workdir, model_config)`: a workdir whose checkpoints were written for another
   model refuses to resume with this one, naming the differing fields; `record_model` writes the
   record (model.json) that later runs compare against.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 
 from attn.errors import AttnError
@@ -27,6 +32,7 @@ from attn.common.files import read_json, write_json
 
 LOCK_FILE = ".lock"
 MODEL_RECORD = "model.json"
+APPLICATION_RECORD = "application.json"
 
 
 class WorkdirError(AttnError):
@@ -49,6 +55,48 @@ def prepare(workdir: str) -> str:
   except OSError as e:
     raise WorkdirError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
   return workdir
+
+
+def recorded_application(workdir: str) -> str | None:
+  """The application whose run `workdir` holds: its application.json, else (a run written before
+  that record) the one its finished results name (attn.apps: results.json's or metrics.jsonl's
+  scores, or an application's own results file); None for a new workdir."""
+  record = read_json(os.path.join(workdir, APPLICATION_RECORD))
+  if record and record.get("application"):
+    return record["application"]
+  from attn import apps  # pylint: disable=import-outside-toplevel
+  results = read_json(os.path.join(workdir, "results.json"))
+  name = apps.app_of_results(results) if isinstance(results, dict) else None
+  return name or _application_of_evaluations(workdir) or apps.app_of_workdir(workdir)
+
+
+def _application_of_evaluations(workdir: str) -> str | None:
+  """The application whose scores metrics.jsonl's first evaluation holds, or None."""
+  from attn import apps  # pylint: disable=import-outside-toplevel
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except ValueError:  # a line cut short by a killed run
+          continue
+        if isinstance(rec, dict) and rec.get("split") == "eval":
+          return apps.app_of_results(rec)
+  except OSError:
+    pass
+  return None
+
+
+def claim(workdir: str, application: str) -> None:
+  """Binds `workdir` to `application` (writes application.json when it has none); WorkdirError
+  when it holds a run of another application. Call before anything else is written."""
+  from attn.training import distributed  # pylint: disable=import-outside-toplevel
+  held = recorded_application(workdir) if os.path.isdir(workdir) else None
+  if held is not None and held != application:
+    raise WorkdirError(f"workdir {workdir} holds a {held} run; a {application} run would "
+                       f"overwrite its files: use another --workdir (or run {held} there)")
+  if held is None and distributed.is_primary():
+    write_json(os.path.join(workdir, APPLICATION_RECORD), {"application": application})
 
 
 @contextlib.contextmanager
