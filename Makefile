@@ -53,7 +53,7 @@ test: $(STAMP) browser
 	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
 	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
 
-# On a GPU (under 8 minutes on an H200): both fused kernels against the float64 references on
+# On a GPU (not yet run on a device, so no time is known): both fused kernels against the float64 references on
 # the device, then the speed table against cuDNN, XLA and JAX's Pallas attention, written under
 # gpu_check_out/.
 # `make gpu-check GPU_CHECK_ARGS=--dry_run` runs the same flow on CPU in interpret mode.

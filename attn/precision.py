@@ -83,7 +83,7 @@ def row_major(a):
   the rate of the same product from a row-major [K, M]; float32 products run alike either way.
   A 1-D array has one layout, so flattening behind an optimization barrier makes XLA write x^T
   out row by row (a copy of x, small beside the product). What it gains a train step is in
-  docs/results.md ("Weight gradients from a row-major x^T"). Other backends lay out a dot's
+  docs/journal/speed.md ("Weight gradients from a row-major x^T"). Other backends lay out a dot's
   operands themselves and get `a` as it is."""
   pin = lambda a: jax.lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
   return jax.lax.platform_dependent(a, cpu=pin, default=lambda a: a)

@@ -43,7 +43,8 @@ class Settings:
 def profile(config, s: Settings) -> str:
   """Prints and returns the per-dtype tables."""
   from attn import training  # pylint: disable=import-outside-toplevel
-  print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs)")
+  print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs); "
+        f"{harness.cpu_line()}")
   base = training.setup(config, s.workdir)
   runs = {d: train_throughput.with_compute_dtype(base, d)
           for d in s.compute_dtypes or [base.tc.compute_dtype]}

@@ -100,3 +100,57 @@ def test_the_harness_needs_jax_alone():
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                        check=True, timeout=120)
   assert out.stdout.strip() == ""
+
+
+XEON_AMX = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+EPYC_AVX2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma
+"""
+
+
+def test_cpu_info_reads_the_model_and_the_bfloat16_instructions_from_cpuinfo():
+  assert harness.cpu_info(XEON_AMX) == {"model": "Intel(R) Xeon(R) Processor",
+                                        "avx512_bf16": True, "amx": True}
+  assert harness.cpu_info(EPYC_AVX2) == {"model": "AMD EPYC 7B13", "avx512_bf16": False,
+                                         "amx": False}
+  # avx512_bf16 without AMX (the team's AVX-512 EPYC); a flag is a whole word, not a prefix
+  assert harness.cpu_info("model name: AMD EPYC 9B14\nflags: avx512f avx512_bf16\n") == {
+      "model": "AMD EPYC 9B14", "avx512_bf16": True, "amx": False}
+  assert harness.cpu_info("model name: X\nflags: avx512_bf16x amx\n")["amx"] is False
+  # no model line (arm64 says Features): the flags are still read; nothing readable: unknown
+  assert harness.cpu_info("Features: fp asimd bf16\n") == {
+      "model": "unknown", "avx512_bf16": False, "amx": False}
+  assert harness.cpu_info("") == {"model": "unknown", "avx512_bf16": "unknown",
+                                  "amx": "unknown"}
+  assert harness.cpu_line(harness.cpu_info(XEON_AMX)) == (
+      "CPU: Intel(R) Xeon(R) Processor (avx512_bf16: yes, amx: yes)")
+  assert harness.cpu_line(harness.cpu_info("")) == (
+      "CPU: unknown (avx512_bf16: unknown, amx: unknown)")
+
+
+def test_cpu_info_is_unknown_where_there_is_no_cpuinfo(monkeypatch):
+  import builtins
+  real_open = builtins.open
+
+  def no_cpuinfo(path, *a, **kw):
+    if path == "/proc/cpuinfo":
+      raise FileNotFoundError(path)
+    return real_open(path, *a, **kw)
+
+  monkeypatch.setattr(builtins, "open", no_cpuinfo)
+  assert harness.cpu_info() == {"model": "unknown", "avx512_bf16": "unknown", "amx": "unknown"}
+
+
+def test_every_record_of_the_machine_holds_the_cpu():
+  meta = harness.machine()
+  assert set(meta["cpu"]) == {"model", "avx512_bf16", "amx"}
+  assert meta["cpu"] == harness.cpu_info()

@@ -1,7 +1,7 @@
 """The docs cannot drift from the code: every command in README.md, experiments/README.md and
 docs/*.md is valid (what counts as a command and how each is checked: tests/docs_commands.py), the
-README's preset list and layout map name everything there is, their links land on existing files
-and sections, and LICENSE and CITATION.cff agree with setup.cfg.
+README's preset list and the layout map (docs/layout.md) name everything there is, their links
+land on existing files and sections, and LICENSE and CITATION.cff agree with setup.cfg.
 
 No command is run: flags and configs are parsed in one subprocess (~10 s), `make -n` is a dry run.
 """
@@ -156,9 +156,10 @@ def test_the_readme_lists_every_preset_of_every_config_file():
 
 
 def _layout_sections():
-  """{section header (e.g. `attn/training/`, `attn/` for the root): its text} of the README's
-  layout map."""
-  block = _readme().split("## Layout", 1)[1].split("```", 2)[1]
+  """{section header (e.g. `attn/training/`, `attn/` for the root): its text} of the layout map,
+  the first code block of docs/layout.md (the README links to it)."""
+  with open(os.path.join(REPO, "docs", "layout.md"), encoding="utf-8") as f:
+    block = f.read().split("```", 2)[1]
   sections, header = {}, None
   for line in block.splitlines():
     if line and not line[0].isspace():
@@ -180,7 +181,7 @@ def test_the_layout_map_names_every_module_of_attn_and_experiments():
       for name in sorted(f for f in filenames if f.endswith(".py") and f != "__init__.py"):
         if text is None or not re.search(rf"(?<![\w/]){re.escape(name)}", text):
           missing.append(rel + name)
-  assert not missing, f"README's layout map does not name {missing}"
+  assert not missing, f"docs/layout.md's map does not name {missing}"
 
 
 def test_links_from_the_readme_and_docs_land_on_existing_files_and_sections():

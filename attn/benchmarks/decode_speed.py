@@ -100,7 +100,9 @@ def run(s: Settings) -> dict:
   (also written to s.json_out)."""
   from attn.training import evaluation  # pylint: disable=import-outside-toplevel
   load_start = harness.loadavg()
-  print(f"load average at start: {load_start} ({os.cpu_count()} CPUs)")
+  machine = harness.machine()
+  print(f"load average at start: {load_start} ({os.cpu_count()} CPUs); "
+        f"{harness.cpu_line(machine['cpu'])}")
   run_ = load(s)
   base = run_.tc.search()
   stops = list(dict.fromkeys(base.stop if x == "run" else x for x in s.stops))
@@ -138,7 +140,7 @@ def run(s: Settings) -> dict:
             "compute_dtype": run_.tc.compute_dtype, "attention": s.attention,
             "shrink_to": s.shrink_to,
             "load": {"start": load_start, "end": harness.loadavg()},
-            "machine": harness.machine(), "results": results}
+            "machine": machine, "results": results}
   for r in results:
     print(f"{label(r['beam_size'], r['stop'])}: {r['decode_s']:.2f} s for {n} sentences "
           f"({r['sentences_per_s']:.0f}/s), compile {r['compile_s']:.1f} s, BLEU {r['bleu']:.2f}")

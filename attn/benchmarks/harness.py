@@ -150,19 +150,55 @@ def loadavg() -> str:
     return "n/a"
 
 
+UNKNOWN = "unknown"
+AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+  """{"model": the CPU's model name, "avx512_bf16": bool, "amx": bool}, read from /proc/cpuinfo
+  (or from `cpuinfo`, that file's text). Whether the CPU has AVX512_BF16 and AMX decides what a
+  bfloat16 figure means (docs/results.md's sittings ran on an AVX512_BF16 EPYC, an AMX Xeon and an
+  AVX2 EPYC with no bfloat16 instructions, and the same commands gave other ratios on each). Where the text cannot be read (not Linux) each value is "unknown"; a model
+  line that is missing alone reads "unknown", its flags are still read."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpuinfo = f.read()
+    except OSError:
+      return {"model": UNKNOWN, "avx512_bf16": UNKNOWN, "amx": UNKNOWN}
+  model, flags = UNKNOWN, None
+  for line in cpuinfo.splitlines():  # the first processor's block is enough: they agree
+    key, _, value = line.partition(":")
+    key = key.strip()
+    if key == "model name" and model == UNKNOWN:
+      model = value.strip() or UNKNOWN
+    elif key in ("flags", "Features") and flags is None:  # Features: arm64's name
+      flags = set(value.split())
+  if flags is None:
+    return {"model": model, "avx512_bf16": UNKNOWN, "amx": UNKNOWN}
+  return {"model": model, "avx512_bf16": "avx512_bf16" in flags,
+          "amx": any(f in flags for f in AMX_FLAGS)}
+
+
+def cpu_line(info: dict | None = None) -> str:
+  """One line for a benchmark's printed header, e.g. `CPU: Intel(R) Xeon(R) Processor
+  (avx512_bf16: yes, amx: yes)`."""
+  info = cpu_info() if info is None else info
+  said = lambda v: v if isinstance(v, str) else ("yes" if v else "no")
+  return f"CPU: {info['model']} (avx512_bf16: {said(info['avx512_bf16'])}, amx: {said(info['amx'])})"
+
+
 def _cpu_model() -> str:
   """The CPU's model name (Linux /proc/cpuinfo; platform.processor() is often empty there)."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
+  model = cpu_info()["model"]
+  return model if model != UNKNOWN else (platform.processor() or platform.machine())
 
 
 def machine() -> dict:
-  """Where and when a figure was taken: date, platform, CPU, versions, device, XLA_FLAGS."""
+  """Where and when a figure was taken: date, platform, CPU (its model and whether it has
+  AVX512_BF16 and AMX: cpu_info()), versions, device, XLA_FLAGS."""
   return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-          "platform": platform.platform(), "processor": _cpu_model(),
+          "platform": platform.platform(), "processor": _cpu_model(), "cpu": cpu_info(),
           "cpu_count": os.cpu_count(), "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "device": str(jax.devices()[0].device_kind),

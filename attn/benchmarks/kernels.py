@@ -229,6 +229,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
               config=dataclasses.asdict(cfg))
   print(f"# {meta['device']} ({meta['backend']}), jax {meta['jax']}, {cfg.dtype} matmul peak "
         f"{peak:.3f} TFLOP/s, memory budget {budget / 2 ** 30:.1f} GiB", flush=True)
+  print(f"# {harness.cpu_line(meta['cpu'])}", flush=True)
   checks, rows, available = {}, [], []
   for impl in cfg.impls:
     try:
@@ -371,6 +372,7 @@ def write_outputs(result: dict, cfg: BenchConfig, command: str = "") -> list[str
   write_text(stem + ".md",
              f"Command: `{command}`\n\n"
              f"Machine: {meta['device']} ({meta['backend']}, {meta['cpu_count']} CPU cores), "
+             f"{harness.cpu_line(meta['cpu'])}, "
              f"jax {meta['jax']}, Python {meta['python']}, XLA_FLAGS=`{meta['xla_flags']}`, "
              f"{meta['date']}. {cfg.dtype} matmul peak {meta['peak_tflops']:.3f} TFLOP/s; "
              f"B={cfg.batch}, H={cfg.heads}.\n\n{markdown_table(rows)}\n")

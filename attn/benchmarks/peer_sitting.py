@@ -311,7 +311,8 @@ def run_stages(out: str, stages: list[Stage], *, runner: Callable = run_command,
                         f"{log_path}") from None
     record = {"stage": stage.name, "kind": stage.kind, "command": list(stage.command),
               "log": log_path, "started": started, "wall_s": round(time.time() - t0, 1),
-              "load_before": load_before, "load_after": loadavg(), "figures": figures}
+              "load_before": load_before, "load_after": loadavg(), "cpu": harness.cpu_info(),
+              "figures": figures}
     files.write_json(path, record)
     echo(f"[{stage.name}] {line(figures)} (load {load_before} -> {record['load_after']}, "
          f"{record['wall_s']:.0f} s)")
@@ -346,13 +347,15 @@ def write_outputs(s: Settings, records: dict) -> str:
   evaluated = peer_table.evaluate(rows, records)
   table = peer_table.markdown(evaluated)
   first = min((r["started"] for r in records.values()), default="")
+  cpu = harness.cpu_info()
   text = (f"# JoeyNMT, ours, JoeyNMT: one sitting\n\nStages from {first} on "
-          f"{os.cpu_count()} CPUs; every figure with the 1-minute load average at the start of "
-          f"its stage (the per-stage records, commands and logs: stages/, logs/).\n\n{table}\n"
+          f"{os.cpu_count()} CPUs ({harness.cpu_line(cpu)}); every figure with the 1-minute load "
+          f"average at the start of its stage (the per-stage records, commands and logs: stages/, logs/).\n\n{table}\n"
           f"\n{NOTES}\n")
   files.write_text(os.path.join(s.out, "sitting.md"), text)
   files.write_json(os.path.join(s.out, "sitting.json"),
-                   {"settings": dataclasses.asdict(s), "rows": evaluated, "stages": records})
+                   {"settings": dataclasses.asdict(s), "cpu": cpu, "rows": evaluated,
+                    "stages": records})
   return table
 
 
@@ -360,6 +363,7 @@ def run(s: Settings, *, data: str, warmup: int) -> str:
   """The whole sitting (see the module docstring): checks, stages, table; returns the table."""
   stages = plan(s, data=data, warmup=warmup)
   preflight(s, stages, data)
+  print(harness.cpu_line(), flush=True)
   print(f"peer sitting in {s.out}: {len(stages)} stages, load {harness.loadavg()} "
         f"({os.cpu_count()} CPUs)", flush=True)
   records = run_stages(s.out, stages, echo=lambda line: print(line, flush=True))

@@ -221,7 +221,8 @@ def run(config, s: Settings) -> str:
   """The benchmark for the experiment config `config` (a ConfigDict); prints its progress and
   returns the table."""
   from attn import training  # pylint: disable=import-outside-toplevel
-  print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs)")
+  print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs); "
+        f"{harness.cpu_line()}")
   option_sets = {"": None, **xla_option_sets(s.xla_options)}
   base = training.setup(config, s.workdir)
   variants = {(f"{d}, {name}" if name else d): (d, opts)

@@ -387,7 +387,8 @@ def run(s: Settings, out: str, command: str = "", log=print) -> dict:
   for v in s.variants:  # the model's abstract checks (JAX), once, before any sweep
     model_config(s, v, 2).validate()
   meta = harness.machine()
-  stamp(f"{meta['device']} ({meta['backend']}), {meta['cpu_count']} CPUs, jax {meta['jax']}")
+  stamp(f"{meta['device']} ({meta['backend']}), {meta['cpu_count']} CPUs, jax {meta['jax']}; "
+        f"{harness.cpu_line(meta['cpu'])}")
   cost = cost_sweep(s, stamp) if s.lengths else []
   quality = recall.quality_sweep(
       s, functools.partial(model_config, s), stamp) if s.quality_lengths else []

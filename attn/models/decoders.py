@@ -246,7 +246,7 @@ class AttentionMixin:
     # Recomputed in the backward pass rather than saved: the additive score's tanh tensor is
     # [B, Tq, Ts, d_attn] a step (52 MB a batch at the multi30k preset's B=128, Ts=Tt=20),
     # written and read back for the gradient, while recomputing it costs ~1% of the step's
-    # FLOPs; the train step got ~7-11% faster (docs/results.md). Values are unchanged.
+    # FLOPs; the train step got ~7-11% faster (docs/journal/speed.md). Values are unchanged.
     run = jax.checkpoint(functools.partial(
         attn.attend, score=cfg.rnn.score, normalizer=cfg.rnn.normalizer,
         temperature=cfg.rnn.temperature,
