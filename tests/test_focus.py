@@ -233,3 +233,48 @@ def test_the_entry_point_trains_what_its_flags_say_and_refuses_bad_ones_in_one_l
     done = _focus_cli(f"--workdir={tmp_path}", *args)
     assert done.returncode == 2 and done.stderr.startswith("error:"), (args, done.stderr[-2000:])
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+TINY = focus.FocusConfig(
+    stories=stories.StoryConfig(max_sentences=6), normalizers=("sparsemax",),
+    temperatures=(0.5, 2.0), dim=8, steps=30, train_size=200, test_size=50, num_samples=2)
+
+
+def test_ctrl_c_saves_the_reader_and_the_rerun_ends_where_an_uninterrupted_demo_does(
+    tmp_path, monkeypatch):
+  from attn.apps.focus import focus_task
+  twin = focus.train_and_evaluate(TINY, str(tmp_path / "twin"), verbose=False)
+  real = focus_task.FocusTask.train_tokens
+
+  def ctrl_c_before_step_14(self, bundle, tc, step):
+    if step == 13:
+      raise KeyboardInterrupt
+    return real(self, bundle, tc, step)
+  monkeypatch.setattr(focus_task.FocusTask, "train_tokens", ctrl_c_before_step_14)
+  wd = tmp_path / "demo"
+  with pytest.raises(KeyboardInterrupt):
+    focus.train_and_evaluate(TINY, str(wd), verbose=False)
+  monkeypatch.undo()
+  run = wd / focus.RUNS_DIR / "sparsemax"
+  assert sorted(n for n in os.listdir(run / "checkpoints") if n.isdigit()) == ["13"]
+  assert not (wd / focus.RESULTS_FILE).exists() and not (run / "results.json").exists()
+  resumed = focus.train_and_evaluate(TINY, str(wd), verbose=False)  # the same command again
+  strip = lambda res: {n: {k: v for k, v in r.items() if k != "train_seconds"}
+                       for n, r in res["normalizers"].items()}
+  assert strip(resumed) == strip(twin)
+  assert json.loads((run / "results.json").read_text())["step"] == TINY.steps
+  name = focus.params_file("sparsemax")
+  with np.load(wd / name) as a, np.load(tmp_path / "twin" / name) as b:
+    assert sorted(a.files) == sorted(b.files)
+    for key in a.files:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_a_diverging_reader_is_stopped_by_the_loops_guard_and_no_results_are_written(tmp_path):
+  from attn.training import loop
+  with pytest.raises(loop.TrainingDiverged, match=r"diverged at step 30: .*"
+                     r"train\.learning_rate=1e\+09\. Nothing from this point was saved"):
+    focus.train_and_evaluate(dataclasses.replace(TINY, learning_rate=1e9), str(tmp_path),
+                             verbose=False)
+  assert not (tmp_path / focus.RESULTS_FILE).exists()
+  assert not (tmp_path / focus.params_file("sparsemax")).exists()

@@ -61,6 +61,10 @@ class ReaderConfig:
   def to_dict(self):
     return dataclasses.asdict(self)
 
+  def record(self) -> dict:
+    """The settings a training run's model.json records (attn.training.workdir.check_model)."""
+    return self.to_dict()
+
 
 class ReadOut(NamedTuple):
   """log_probs: [B, A] answer log-probabilities; weights: [B, S] attention (0 on padding);

@@ -4,4 +4,5 @@ stories, and the page that shows where they look. Entry point: experiments/focus
 from attn.apps.registry import APPS, App
 
 APPS.add("focus", App("experiments.focus", "the reading-focus demo: readers per normalizer",
-                      launchable=False, results_file="focus.json"))
+                      task="attn.apps.focus.focus_task:FocusTask", launchable=False,
+                      results_file="focus.json"))

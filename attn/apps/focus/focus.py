@@ -4,7 +4,11 @@ answer at several inference temperatures; save them.
 
     results = focus.train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
 
-The page and its API are attn.apps.focus.focus_server.
+Each reader trains through the one training loop (attn.training.loop; the task is
+attn.apps.focus.focus_task.FocusTask) in its own run, <workdir>/runs/<normalizer>/: it gets the
+divergence guard, the Ctrl-C save, the workdir lock and the device mesh, and rerunning the same
+command resumes an interrupted demo from its last checkpoint (finished readers are not trained
+again). The page and its API are attn.apps.focus.focus_server.
 
 Metrics on the held-out test set, per normalizer and temperature T:
 - evidence hit rate: argmax of the attention weights == the gold final supporting fact (for
@@ -18,29 +22,28 @@ move with T except through ties; the answer does, because it reads the weighted 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import os
-import time
+import shutil
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
+from attn.apps.focus import focus_task
 from attn.common import files
 from attn.common.tables import markdown_table
+from attn.config import configurable
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.data import stories
 from attn.models import reader
+from attn.training import loop
+from attn.training import workdir as workdir_lib
 
 MODEL_FILE = "model.json"  # story config, vocabulary, reader configs, sample stories
 RESULTS_FILE = "focus.json"
 TABLE_FILE = "focus.md"
 PAGE_FILE = "focus.html"
 TEMPERATURE_RANGE = (0.01, 100.0)  # what the page's slider and the API accept
+RUNS_DIR = "runs"  # <workdir>/runs/<normalizer>/: the training run of each reader
 
 
 def params_file(normalizer: str) -> str:
@@ -94,78 +97,41 @@ class FocusConfig:
 
 # ----------------------------------------------------------------------------- training
 
-def _loss(model, batch):
-  """Mean answer NLL over the batch."""
-  out = model(batch.story, batch.story_mask, batch.question)
-  return -jnp.mean(jnp.take_along_axis(out.log_probs, batch.answer[:, None], axis=-1))
+def data_config(cfg: FocusConfig) -> focus_task.FocusDataConfig:
+  """The stories every reader of `cfg` trains and is measured on (the runs' data section)."""
+  return focus_task.FocusDataConfig(train_size=cfg.train_size, test_size=cfg.test_size,
+                                    batch_size=cfg.batch_size, seed=cfg.seed, stories=cfg.stories)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=1)
-def _train_chunk(graphdef, state, data, key, n, chunk, batch_size):
-  """n <= chunk Adam steps in one loop (n is traced, so every chunk, the last shorter one too,
-  runs one compiled program); batches drawn with replacement from `data` (passed as an argument:
-  closed-over arrays would become constants). Returns (state, losses [chunk], the first n set)."""
-
-  def step(i, carry):
-    state, losses = carry
-    model, optimizer = nnx.merge(graphdef, state)
-    idx = jax.random.randint(jax.random.fold_in(key, i), (batch_size,), 0, data.answer.shape[0])
-    batch = jax.tree.map(lambda x: x[idx], data)
-    loss, grads = nnx.value_and_grad(_loss)(model, batch)
-    optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), losses.at[i].set(loss)
-
-  return jax.lax.fori_loop(0, n, step, (state, jnp.zeros((chunk,), jnp.float32)))
+def run_config(cfg: FocusConfig, normalizer: str):
+  """The training loop's config (an ml_collections ConfigDict: data, model and train sections,
+  attn.apps.focus.focus_task) of the run that trains the reader of `normalizer`."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict()
+  config.data = configurable.config_dict(focus_task.FocusDataConfig,
+                                         **configurable.as_dict(data_config(cfg)))
+  config.model = ml_collections.ConfigDict(
+      {"score": cfg.score, "normalizer": normalizer, "dim": cfg.dim, "d_attn": cfg.d_attn})
+  config.train = configurable.config_dict(
+      focus_task.FocusTrainConfig, steps=cfg.steps, learning_rate=cfg.learning_rate,
+      seed=cfg.seed, temperatures=tuple(cfg.temperatures))
+  return config
 
 
-def train(cfg: FocusConfig, normalizer: str, data: stories.Arrays, vocab_size: int,
-          chunk: int = 250, on_chunk=None):
-  """Trains one reader. Returns (model, losses [steps] as numpy)."""
-  model = reader.build(cfg.reader_config(normalizer, vocab_size), seed=cfg.seed)
-  optimizer = nnx.Optimizer(model, optax.adam(cfg.learning_rate), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
-  data = jax.tree.map(jnp.asarray, data)
-  key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1)
-  chunk = min(chunk, cfg.steps)
-  losses, done = [], 0
-  while done < cfg.steps:
-    n = min(chunk, cfg.steps - done)
-    state, loss = _train_chunk(graphdef, state, data, jax.random.fold_in(key, done), n, chunk,
-                               cfg.batch_size)
-    losses.append(np.asarray(loss)[:n])
-    done += n
-    if on_chunk is not None:
-      on_chunk(done, float(losses[-1][-1]))
-  model, _ = nnx.merge(graphdef, state)
-  return model, np.concatenate(losses)
+def run_dir(workdir: str, normalizer: str) -> str:
+  """The workdir of the run that trains the reader of `normalizer`."""
+  return os.path.join(workdir, RUNS_DIR, normalizer)
+
+
+def train_reader(cfg: FocusConfig, normalizer: str, workdir: str) -> dict:
+  """Trains (or resumes, or finds finished) the reader of `normalizer` through the training
+  loop in `run_dir(workdir, normalizer)`. Returns its results (focus_task.FocusTask
+  .write_results: train_seconds, final_loss, eval, step)."""
+  return loop.train_and_evaluate(run_config(cfg, normalizer), run_dir(workdir, normalizer),
+                                 task=focus_task.FocusTask())
 
 
 # ----------------------------------------------------------------------------- evaluation
-
-def _rates(hit, correct, w):
-  return {"evidence_hit_rate": float(hit.mean()), "answer_accuracy": float(correct.mean()),
-          "mean_max_weight": float(w.max(-1).mean()),
-          "mean_nonzero_weights": float((w > 0).sum(-1).mean()), "examples": int(hit.size)}
-
-
-def evaluate(model: reader.Reader, data: stories.Arrays, temperatures) -> list[dict]:
-  """Per temperature: evidence hit rate, answer accuracy, mean max weight and mean number of
-  non-zero weights, overall and per question kind present."""
-  graphdef, state = nnx.split(model)
-  rows = []
-  for t in temperatures:
-    out = reader.read(graphdef, state, data.story, data.story_mask, data.question, float(t))
-    w = np.asarray(out.weights)  # [N, S]
-    hit = w.argmax(-1) == data.support
-    correct = np.asarray(out.log_probs).argmax(-1) == data.answer
-    row = {"temperature": float(t), **_rates(hit, correct, w), "by_kind": {}}
-    for k, kind in enumerate(stories.KINDS):
-      sel = data.kind == k
-      if sel.any():
-        row["by_kind"][kind] = _rates(hit[sel], correct[sel], w[sel])
-    rows.append(row)
-  return rows
-
 
 def baselines(data: stories.Arrays, num_answers: int) -> dict:
   """Evidence hit rates of a uniform guess and of "the last sentence"; answer chance 1/A."""
@@ -177,9 +143,10 @@ def baselines(data: stories.Arrays, num_answers: int) -> dict:
 
 # ----------------------------------------------------------------------------- files
 
-def _save_params(path: str, model):
+def _copy_params(run_workdir: str, path: str):
+  """The trained parameters of the run in `run_workdir` (focus_task.READER_FILE), to `path`."""
   with files.atomic_path(path) as tmp:
-    reader.save_params(tmp, model)
+    shutil.copyfile(os.path.join(run_workdir, focus_task.READER_FILE), tmp)
 
 
 def _sample_record(ex: stories.Example) -> dict:
@@ -200,7 +167,7 @@ def results_table(results: dict) -> str:
            f"{base['answer_uniform']:.3f}", ""]
   summary = []
   for name, r in results["normalizers"].items():
-    row = _nearest_to_one(r["eval"])
+    row = focus_task.nearest_to_one(r["eval"])
     summary.append([name, f"{row['evidence_hit_rate']:.3f}", f"{row['answer_accuracy']:.3f}",
                     f"{r['train_seconds']:.1f}", f"{r['final_loss']:.3f}"])
   lines.append(markdown_table(["normalizer", "evidence hit rate (T=1)", "answer accuracy (T=1)",
@@ -218,49 +185,38 @@ def results_table(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _nearest_to_one(rows: list[dict]) -> dict:
-  """The evaluation row whose temperature is nearest to 1 (on a log scale)."""
-  return min(rows, key=lambda x: abs(math.log(x["temperature"])))
-
-
 def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = None,
                        verbose: bool = True) -> dict:
-  """Trains a reader per normalizer, evaluates it at every temperature and writes into workdir:
+  """Trains a reader per normalizer through the training loop, each in its own run under
+  `workdir/runs/<normalizer>/` (rerunning the same command resumes an interrupted one and
+  skips finished ones), evaluates it at every temperature and writes into workdir:
   reader_<normalizer>.npz, model.json, focus.json, focus.md (and focus.html when `page` is
   given). Returns the results (what focus.json holds)."""
   say = print if verbose else (lambda *a, **k: None)
-  os.makedirs(workdir, exist_ok=True)
-  sc = cfg.stories
-  vocab = stories.Vocab.for_config(sc)
-  train_set = stories.generate(cfg.train_size, cfg.seed, sc)
-  test_set = stories.generate(cfg.test_size, cfg.seed + 1_000_003, sc)  # a disjoint stream
-  train_data = stories.encode(train_set, vocab, sc)
-  test_data = stories.encode(test_set, vocab, sc)
-  results = {"config": _config_dict(cfg), "baselines": baselines(test_data, len(sc.places)),
-             "normalizers": {}}
-  readers = {}
-  for name in cfg.normalizers:
-    t0 = time.time()
-    model, losses = train(cfg, name, train_data, len(vocab), on_chunk=lambda done, loss: say(
-        f"  {name:<10} step {done:>5}/{cfg.steps}  loss {loss:.3f}  ({time.time() - t0:.1f}s)",
-        flush=True))
-    seconds = time.time() - t0
-    rows = evaluate(model, test_data, cfg.temperatures)
-    one = _nearest_to_one(rows)
-    say(f"{name}: trained in {seconds:.1f}s; at T={one['temperature']:g} evidence hit rate "
-        f"{one['evidence_hit_rate']:.3f}, answer accuracy {one['answer_accuracy']:.3f}", flush=True)
-    results["normalizers"][name] = {"train_seconds": seconds, "final_loss": float(
-        losses[-50:].mean()), "eval": rows}
-    _save_params(os.path.join(workdir, params_file(name)), model)
-    readers[name] = model.cfg.to_dict()
-  files.write_json(os.path.join(workdir, MODEL_FILE), {
-      "stories": dataclasses.asdict(sc), "vocab": vocab.words, "readers": readers,
-      "samples": [_sample_record(ex) for ex in test_set[:cfg.num_samples]]})
-  if page is not None:
-    files.write_text(os.path.join(workdir, PAGE_FILE), page)
-  files.write_text(os.path.join(workdir, TABLE_FILE),
-                   "# Reading focus\n\n" + results_table(results))
-  files.write_json(os.path.join(workdir, RESULTS_FILE), results)
+  workdir_lib.prepare(workdir)
+  with workdir_lib.lock(workdir):
+    data = focus_task.load_stories(data_config(cfg))
+    sc = cfg.stories
+    results = {"config": _config_dict(cfg),
+               "baselines": baselines(data.splits["test"], len(sc.places)), "normalizers": {}}
+    readers = {}
+    for name in cfg.normalizers:
+      run = train_reader(cfg, name, workdir)
+      one = focus_task.nearest_to_one(run["eval"])
+      say(f"{name}: trained in {run['train_seconds']:.1f}s; at T={one['temperature']:g} "
+          f"evidence hit rate {one['evidence_hit_rate']:.3f}, answer accuracy "
+          f"{one['answer_accuracy']:.3f}", flush=True)
+      results["normalizers"][name] = {k: run[k] for k in ("train_seconds", "final_loss", "eval")}
+      _copy_params(run_dir(workdir, name), os.path.join(workdir, params_file(name)))
+      readers[name] = cfg.reader_config(name, len(data.vocab)).to_dict()
+    files.write_json(os.path.join(workdir, MODEL_FILE), {
+        "stories": dataclasses.asdict(sc), "vocab": data.vocab.words, "readers": readers,
+        "samples": [_sample_record(ex) for ex in data.test_examples[:cfg.num_samples]]})
+    if page is not None:
+      files.write_text(os.path.join(workdir, PAGE_FILE), page)
+    files.write_text(os.path.join(workdir, TABLE_FILE),
+                     "# Reading focus\n\n" + results_table(results))
+    files.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results
 
 
