@@ -9,6 +9,11 @@ weights.
     python -m experiments.retrieve --distractors=0,4 --steps=200 --train_size=500   # tiny
     python -m experiments.retrieve --workdir=workdirs/retrieve --serve_only --diagnose
 
+Each model trains through the one training loop (attn.training.loop) in its own workdir,
+<workdir>/runs/<mode>_d<distractors>/: Ctrl-C saves the current step, rerunning the same command
+resumes the sweep where it stopped, and a diverging loss stops it before anything after it is
+saved.
+
 Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mode and number of
 distractors, training time), retrieve.png (the same against distractors), retriever.npz and
 model.json (the model the page serves) and retrieve.html into the workdir. With --port > 0 it

@@ -83,11 +83,9 @@ def test_the_library_imports_no_entry_point_or_preset():
 # registry (attn.apps.APPS, attn.apps.registry) and never import one.
 SHARED = ("attn.training", "attn.launching", "attn.inspection", "attn.models", "attn.data",
           "attn.decoding", "attn.evaluation", "attn.benchmarks", "attn.common", "attn.config")
-# Modules outside attn/training that still step an optimizer of their own: the retrieve
-# application's sweep of many small models (compiled loops of steps), the primitives'
+# Modules outside attn/training that still step an optimizer of their own: the primitives'
 # associative-recall study and the primitives demo. The list may only shrink.
-OWN_STEPS = {"attn/apps/retrieve/retrieve.py", "attn/benchmarks/recall.py",
-             "experiments/demo.py"}
+OWN_STEPS = {"attn/benchmarks/recall.py", "experiments/demo.py"}
 
 
 def _imports(path):

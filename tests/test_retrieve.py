@@ -1,8 +1,11 @@
 """Retrieval, then read: pools of distractor stories, the top-k retrieval scope, recall@k, a tiny
-run that learns, and the entry point's refusals."""
+run that learns through the one training loop (its Ctrl-C save and resume, its divergence
+guard), and the entry point's refusals."""
 
 import dataclasses
+import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from flax import nnx
 from attn.errors import ConfigError
 from attn.apps.retrieve import pools
 from attn.apps.retrieve import retrieve
+from attn.apps.retrieve import retrieve_task
 from attn.data import stories
 from attn.apps.retrieve import retriever
 
@@ -64,21 +68,29 @@ def test_recall_at_k_against_a_hand_worked_example():
 
 
 @pytest.fixture(scope="module")
-def trained():
-  """(config, test pools, the model's outputs on them, training losses) of a tiny run."""
+def trained(tmp_path_factory):
+  """(config, test pools, the model's outputs on them, (model, training losses logged every 10
+  steps)) of a tiny run through the training loop."""
+  from attn.training import loop
   cfg = retrieve.RetrieveConfig(stories=SMALL, distractors=(4,), modes=("retrieve",), dim=16,
                                 steps=250, batch_size=32, train_size=500, test_size=200)
   vocab = stories.Vocab.for_config(SMALL)
-  train_set = pools.build(cfg.train_size, 4, 0, SMALL, vocab).arrays
   test_set = pools.build(cfg.test_size, 4, 1, SMALL, vocab).arrays
-  model, losses = retrieve.train(cfg, "retrieve", train_set, len(vocab))
+  config = retrieve_task.run_config(cfg, "retrieve", 4)
+  config.train.log_every = 10
+  wd = str(tmp_path_factory.mktemp("retrieve_run"))
+  task = retrieve_task.RetrieveTask()
+  loop.train_and_evaluate(config, wd, task)
+  model = loop.load_run(wd, task).model
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    losses = np.array([r["loss"] for r in map(json.loads, f) if r["split"] == "train"])
   return cfg, test_set, retrieve.run_model(model, test_set), (model, losses)
 
 
 def test_a_tiny_run_retrieves_the_gold_story_and_answers_above_chance(trained):
   cfg, test_set, out, (model, losses) = trained
   row = retrieve.evaluate(model, test_set, cfg)
-  assert losses[-20:].mean() < losses[:20].mean()
+  assert len(losses) == 25 and losses[-5:].mean() < losses[:5].mean()
   assert row["recall_at_k"] > 0.9 > 2 / 5  # random k = 2 of 5 passages: 0.4
   assert row["answer_accuracy"] > 2 / len(SMALL.places)  # chance 1/6
   assert row["recall_at_k"] == pools.recall_at_k(out.passage_scores, test_set.gold, 2)
@@ -114,6 +126,75 @@ def test_whole_pool_and_random_modes_read_what_they_say():
   assert len(picks) > 1  # different keys, different passages
   w = np.asarray(_apply(rand, *batch).passage_weights)
   assert np.allclose(np.sort(w, axis=1)[:, -2:], 0.5)  # read with equal weight
+
+
+def test_the_batches_are_the_questions_the_former_compiled_loop_drew():
+  """Step s of a run of `steps` steps: in its chunk of min(250, steps) steps starting at c, the
+  questions of randint(split(fold_in(fold_in(fold_in(PRNGKey(seed), 1), c), s - c))[0]), the
+  `random` mode's key the second half of that split; a resumed run reads the same from s on."""
+  seed, steps, B, N = 3, 600, 4, 97
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+  draws = retrieve_task.step_draws(seed, steps, B, N, 0)
+  got = [next(draws) for _ in range(steps)]
+  for s in (0, 1, 249, 250, 499, 500, 599):
+    c = s // 250 * 250
+    k1, k2 = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, c), s - c))
+    np.testing.assert_array_equal(got[s][0], jax.random.randint(k1, (B,), 0, N))
+    np.testing.assert_array_equal(got[s][1], k2)
+  resumed = retrieve_task.step_draws(seed, steps, B, N, 263)
+  for s in range(263, 520):
+    rows, k = next(resumed)
+    np.testing.assert_array_equal(rows, got[s][0])
+    np.testing.assert_array_equal(k, got[s][1])
+
+
+def _tiny_sweep(**kw):
+  return retrieve.RetrieveConfig(**{
+      "stories": SMALL, "distractors": (0, 2), "modes": ("retrieve",), "dim": 8, "steps": 30,
+      "batch_size": 8, "train_size": 60, "test_size": 40, "num_samples": 1, **kw})
+
+
+def test_a_sweep_stopped_by_ctrl_c_resumes_to_the_results_of_an_uninterrupted_one(
+    tmp_path, monkeypatch):
+  cfg = _tiny_sweep()
+  twin = retrieve.train_and_evaluate(cfg, str(tmp_path / "twin"), verbose=False)
+  real = retrieve_task.RetrieveTask.train_tokens
+  calls = []
+
+  def ctrl_c_in_the_second_run(self, bundle, tc, step):
+    calls.append(step)
+    if len(calls) == cfg.steps + 13:  # step 13 of the second model (2 distractors)
+      raise KeyboardInterrupt
+    return real(self, bundle, tc, step)
+  monkeypatch.setattr(retrieve_task.RetrieveTask, "train_tokens", ctrl_c_in_the_second_run)
+  wd = tmp_path / "run"
+  with pytest.raises(KeyboardInterrupt):
+    retrieve.train_and_evaluate(cfg, str(wd), verbose=False)
+  monkeypatch.undo()
+  second = pathlib.Path(retrieve.run_dir(str(wd), "retrieve", 2))
+  assert sorted(n for n in os.listdir(second / "checkpoints") if n.isdigit()) == ["12"]
+  assert not (second / "results.json").exists() and not (wd / retrieve.RESULTS_FILE).exists()
+  assert (pathlib.Path(retrieve.run_dir(str(wd), "retrieve", 0)) / "results.json").exists()
+  resumed = retrieve.train_and_evaluate(cfg, str(wd), verbose=False)
+  strip = lambda r: {m: [{k: v for k, v in row.items() if k != "train_seconds"} for row in rows]
+                     for m, rows in r["modes"].items()}
+  assert strip(resumed) == strip(twin)
+  with np.load(wd / retrieve.SERVED_PARAMS) as a, np.load(
+      tmp_path / "twin" / retrieve.SERVED_PARAMS) as b:
+    assert sorted(a.files) == sorted(b.files)
+    for name in a.files:
+      np.testing.assert_array_equal(a[name], b[name])
+  assert (json.loads((wd / retrieve.MODEL_FILE).read_text())
+          == json.loads((tmp_path / "twin" / retrieve.MODEL_FILE).read_text()))
+
+
+def test_a_diverging_sweep_is_stopped_by_the_loops_guard(tmp_path):
+  from attn.training import loop
+  with pytest.raises(loop.TrainingDiverged, match=r"diverged at step \d+: .*learning_rate=1e\+38"):
+    retrieve.train_and_evaluate(_tiny_sweep(learning_rate=1e38), str(tmp_path), verbose=False)
+  assert not (tmp_path / retrieve.RESULTS_FILE).exists()
+  assert not (pathlib.Path(retrieve.run_dir(str(tmp_path), "retrieve", 0)) / "results.json"
+              ).exists()
 
 
 def test_bad_settings_are_config_errors():

@@ -12,6 +12,11 @@ the gold passage). The supervision is on by default because the end-to-end signa
 gold passage outside the top k: early in training the reader is no better than chance on any
 passage, so nothing pulls the gold one in. `--retrieval_loss=0` trains end to end only.
 
+Each model trains through the one training loop (attn.training.loop; its task:
+attn.apps.retrieve.retrieve_task.RetrieveTask) in its own workdir, <workdir>/runs/<mode>_d<n>/,
+so it gets the loop's divergence guard, Ctrl-C save, resuming and workdir lock: rerunning the
+same command resumes a sweep that was stopped.
+
 Metrics on the held-out pools, per mode and number of distractors:
 - recall@k: the gold story is among the k passages read (whole_pool reads every passage: 1);
 - answer accuracy (chance: 1 / places);
@@ -22,14 +27,11 @@ Metrics on the held-out pools, per mode and number of distractors:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import time
+import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from attn.common import files
@@ -38,7 +40,6 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.apps.retrieve import pools
 from attn.data import stories
-from attn.models import reader
 from attn.apps.retrieve import retriever
 
 MODEL_FILE = "model.json"  # story config, vocabulary, the served model's config, sample pools
@@ -47,6 +48,10 @@ TABLE_FILE = "retrieve.md"
 PLOT_FILE = "retrieve.png"
 PAGE_FILE = "retrieve.html"
 SERVED_PARAMS = "retriever.npz"  # the `retrieve` model trained with the most distractors
+RUNS_DIR = "runs"  # one training-loop workdir per (mode, distractors): run_dir
+# What retrieve.json keeps of each run's results, per mode and number of distractors.
+ROW_FIELDS = ("distractors", "train_seconds", "final_loss", "passages", "recall_at_k",
+              "answer_accuracy", "hop_hits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +101,7 @@ class RetrieveConfig:
         top_k=self.top_k, mode=mode)
 
 
-# ----------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------- batches
 
 def batch_arrays(data: pools.PoolSet, idx):
   """Questions idx [B] -> (passages [B, P, S, W], passage_mask [B, P, S], question, answer,
@@ -104,51 +109,6 @@ def batch_arrays(data: pools.PoolSet, idx):
   rows = data.pool[idx]  # [B, P]
   return (data.stories[rows], data.story_mask[rows], data.question[idx], data.answer[idx],
           data.gold[idx])
-
-
-def _loss(model, batch, key, retrieval_loss):
-  passages, mask, question, answer, gold = batch
-  out = model(passages, mask, question, key=key)
-  nll = -jnp.take_along_axis(out.log_probs, answer[:, None], axis=-1)[:, 0]  # [B]
-  if retriever.RETRIEVAL.get(model.cfg.mode).flat:  # no passage scores to supervise
-    return jnp.mean(nll)
-  gold_lp = jnp.take_along_axis(jax.nn.log_softmax(out.passage_scores), gold[:, None], axis=-1)
-  return jnp.mean(nll) - retrieval_loss * jnp.mean(gold_lp)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=1)
-def _train_chunk(graphdef, state, data, key, n, chunk, batch_size, retrieval_loss):
-  """n <= chunk Adam steps in one compiled loop (as attn.apps.focus.focus); `data` is an
-  argument, not a closure, so it is not folded into the program as constants."""
-
-  def step(i, carry):
-    state, losses = carry
-    model, optimizer = nnx.merge(graphdef, state)
-    k1, k2 = jax.random.split(jax.random.fold_in(key, i))
-    idx = jax.random.randint(k1, (batch_size,), 0, data.answer.shape[0])
-    loss, grads = nnx.value_and_grad(_loss)(model, batch_arrays(data, idx), k2, retrieval_loss)
-    optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), losses.at[i].set(loss)
-
-  return jax.lax.fori_loop(0, n, step, (state, jnp.zeros((chunk,), jnp.float32)))
-
-
-def train(cfg: RetrieveConfig, mode: str, data: pools.PoolSet, vocab_size: int, chunk: int = 250):
-  """Trains one model. Returns (model, losses [steps] as numpy)."""
-  model = retriever.build(cfg.model_config(mode, vocab_size), seed=cfg.seed)
-  optimizer = nnx.Optimizer(model, optax.adam(cfg.learning_rate), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
-  data = jax.tree.map(jnp.asarray, data)
-  key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1)
-  chunk, losses, done = min(chunk, cfg.steps), [], 0
-  while done < cfg.steps:
-    n = min(chunk, cfg.steps - done)
-    state, loss = _train_chunk(graphdef, state, data, jax.random.fold_in(key, done), n, chunk,
-                               cfg.batch_size, cfg.retrieval_loss)
-    losses.append(np.asarray(loss)[:n])
-    done += n
-  model, _ = nnx.merge(graphdef, state)
-  return model, np.concatenate(losses)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -185,15 +145,20 @@ def hop_hits(out: retriever.RetrieveOut, data: pools.PoolSet, max_sentences: int
 
 
 def evaluate(model, data: pools.PoolSet, cfg: RetrieveConfig) -> dict:
+  """`measure` with the seed and story length of `cfg`."""
+  return measure(model, data, cfg.seed, cfg.stories.max_sentences)
+
+
+def measure(model, data: pools.PoolSet, seed: int, max_sentences: int) -> dict:
   """recall@k (1.0 for whole_pool, which reads everything), answer accuracy and hop hits on
-  `data`."""
-  out = run_model(model, data, cfg.seed)
+  `data` (seed: the `random` mode's draws, as run_model; max_sentences: S of the stories)."""
+  out = run_model(model, data, seed)
   flat = retriever.RETRIEVAL.get(model.cfg.mode).flat
   return {"passages": int(data.pool.shape[1]),
           "recall_at_k": 1.0 if flat else float(np.mean((out.retrieved == data.gold[:, None]
                                                          ).any(-1))),
           "answer_accuracy": float(np.mean(out.log_probs.argmax(-1) == data.answer)),
-          "hop_hits": hop_hits(out, data, cfg.stories.max_sentences, flat)}
+          "hop_hits": hop_hits(out, data, max_sentences, flat)}
 
 
 def baselines(cfg: RetrieveConfig, passages: int) -> dict:
@@ -272,44 +237,57 @@ def plot(results: dict, path: str):
   plt.close(fig)
 
 
-def _save_params(path: str, model):
-  with files.atomic_path(path) as tmp:
-    reader.save_params(tmp, model)
+def run_dir(workdir: str, mode: str, distractors: int) -> str:
+  """The workdir of the sweep's model of `mode` with `distractors` (the training loop's)."""
+  return os.path.join(workdir, RUNS_DIR, f"{mode}_d{distractors}")
+
+
+def _copy(src: str, dst: str):
+  with files.atomic_path(dst) as tmp:
+    shutil.copyfile(src, tmp)
 
 
 def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = None,
                        verbose: bool = True) -> dict:
-  """Per number of distractors and mode: builds the pools, trains, evaluates. Writes into
-  workdir retrieve.json, retrieve.md, retrieve.png, model.json and retriever.npz (the first mode
+  """Per number of distractors and mode: trains one model through the training loop
+  (attn.training.loop, task attn.apps.retrieve.retrieve_task.RetrieveTask) in its own workdir,
+  `run_dir(workdir, mode, distractors)`, and measures its final parameters on the held-out
+  pools. Rerunning the same command resumes a sweep stopped by Ctrl-C: each run resumes from
+  its checkpoint, and a finished one is measured again without training. Writes into workdir
+  retrieve.json, retrieve.md, retrieve.png, model.json and retriever.npz (the first mode
   trained with the most distractors, what the page serves), and retrieve.html when `page` is
   given. Returns the results (what retrieve.json holds)."""
+  # pylint: disable-next=import-outside-toplevel  (it imports this module)
+  from attn.apps.retrieve import retrieve_task
+  from attn.training import loop  # pylint: disable=import-outside-toplevel
   say = print if verbose else (lambda *a, **k: None)
   sc = cfg.stories
   vocab = stories.Vocab.for_config(sc)
-  # Every pool is built (and can refuse the settings) before anything is written.
-  data = {d: (pools.build(cfg.train_size, d, cfg.seed, sc, vocab).arrays,
-              held_out_pools(cfg.test_size, d, cfg.seed, sc, vocab))
-          for d in cfg.distractors}
+  task = retrieve_task.RetrieveTask()
+  # Every run's config and pools are checked (the pools built) before anything is written.
+  configs = {(d, mode): retrieve_task.run_config(cfg, mode, d)
+             for d in cfg.distractors for mode in cfg.modes}
+  for config in configs.values():
+    loop.validate_config(config, task)
+    retrieve_task.load_pools(task.data_config(config.data))
   shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
                       vocab)
   os.makedirs(workdir, exist_ok=True)
   results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
   served = None
-  for d, (train_set, test_set) in data.items():
-    for mode in cfg.modes:
-      t0 = time.time()
-      model, losses = train(cfg, mode, train_set, len(vocab))
-      row = {"distractors": d, "train_seconds": time.time() - t0,
-             "final_loss": float(losses[-50:].mean()), **evaluate(model, test_set, cfg)}
-      results["modes"][mode].append(row)
-      say(f"{d:>3} distractors  {mode:<10} recall@{cfg.top_k} {row['recall_at_k']:.3f}  "
-          f"accuracy {row['answer_accuracy']:.3f}  ({row['train_seconds']:.1f}s)", flush=True)
-      if mode == cfg.modes[0] and d == max(cfg.distractors):
-        served = model
+  for (d, mode), config in configs.items():
+    run = loop.train_and_evaluate(config, run_dir(workdir, mode, d), task)
+    row = {k: run[k] for k in ROW_FIELDS}
+    results["modes"][mode].append(row)
+    say(f"{d:>3} distractors  {mode:<10} recall@{cfg.top_k} {row['recall_at_k']:.3f}  "
+        f"accuracy {row['answer_accuracy']:.3f}  ({row['train_seconds']:.1f}s)", flush=True)
+    if mode == cfg.modes[0] and d == max(cfg.distractors):
+      served = run
   results["baselines"] = baselines(cfg, 1 + max(cfg.distractors))
-  _save_params(os.path.join(workdir, SERVED_PARAMS), served)
+  _copy(os.path.join(run_dir(workdir, cfg.modes[0], max(cfg.distractors)),
+                     retrieve_task.PARAMS_FILE), os.path.join(workdir, SERVED_PARAMS))
   files.write_json(os.path.join(workdir, MODEL_FILE), {
-      "stories": dataclasses.asdict(sc), "vocab": vocab.words, "model": served.cfg.to_dict(),
+      "stories": dataclasses.asdict(sc), "vocab": vocab.words, "model": served["model"],
       "trained_distractors": max(cfg.distractors),
       "samples": [_sample_record(shown, i) for i in range(cfg.num_samples)]})
   if page is not None:
