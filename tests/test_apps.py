@@ -146,3 +146,19 @@ def test_a_workdir_of_another_application_is_refused_before_anything_is_written(
   assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
   assert f"holds a {held} run; a {module.split('.')[1]} run would overwrite its files" in lines[0]
   assert sorted(os.listdir(tmp_path)) == before  # no data cache, vocabulary or record written
+
+
+@pytest.mark.parametrize("module", ["experiments.retrieve", "experiments.focus"])
+def test_retrieve_and_focus_refuse_a_finished_translate_run(tmp_path, module):
+  """A sweep given a translate run's workdir stops before writing (it used to overwrite the
+  run's model.json, and the run then resumed into an orbax traceback)."""
+  (tmp_path / "results.json").write_text(json.dumps({"bleu": 30.0, "chrf": 50.0}))
+  (tmp_path / "model.json").write_text(json.dumps({"arch": "rnn"}))
+  before = {n: (tmp_path / n).read_text() for n in os.listdir(tmp_path)}
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-m", module, f"--workdir={tmp_path}", "--steps=2"],
+                     cwd=repo, capture_output=True, text=True, timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  assert "holds a translate run" in lines[0], lines
+  assert {n: (tmp_path / n).read_text() for n in os.listdir(tmp_path)} == before

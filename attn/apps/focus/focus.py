@@ -194,6 +194,7 @@ def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = Non
   given). Returns the results (what focus.json holds)."""
   say = print if verbose else (lambda *a, **k: None)
   workdir_lib.prepare(workdir)
+  workdir_lib.claim(workdir, "focus")  # another application's run is refused, not overwritten
   with workdir_lib.lock(workdir):
     data = focus_task.load_stories(data_config(cfg))
     sc = cfg.stories

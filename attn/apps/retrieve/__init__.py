@@ -4,4 +4,5 @@ reader per retrieval mode and pool size. Entry point: experiments/retrieve.py.""
 from attn.apps.registry import APPS, App
 
 APPS.add("retrieve", App("experiments.retrieve", "retrieval, then read: recall@k and accuracy",
+                         task="attn.apps.retrieve.retrieve_task:RetrieveTask",
                          launchable=False, results_file="retrieve.json"))

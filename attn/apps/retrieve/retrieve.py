@@ -41,6 +41,7 @@ from attn.errors import ConfigError
 from attn.apps.retrieve import pools
 from attn.data import stories
 from attn.apps.retrieve import retriever
+from attn.training import workdir as workdir_lib
 
 MODEL_FILE = "model.json"  # story config, vocabulary, the served model's config, sample pools
 RESULTS_FILE = "retrieve.json"
@@ -272,7 +273,8 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
     retrieve_task.load_pools(task.data_config(config.data))
   shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
                       vocab)
-  os.makedirs(workdir, exist_ok=True)
+  workdir_lib.prepare(workdir)
+  workdir_lib.claim(workdir, "retrieve")  # another application's run is refused, not overwritten
   results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
   served = None
   for (d, mode), config in configs.items():
