@@ -20,6 +20,7 @@ predictions.txt and attention.png.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -281,7 +282,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
       if p.eval_pending and run.task.has_eval(run.bundle):  # it was interrupted: before a step
         # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
         log.info(f"evaluating step {p.step}, whose evaluation was interrupted")
-        _evaluate(run, ckpt, writer)
+        _evaluate(run, ckpt, writer, guard)
       while (not spent and p.step < tc.steps
              and (stop_after is None or p.step - step_start < stop_after)):
         batch = run.device_batch(next(it))
@@ -296,7 +297,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         p.train_tokens += ntok
         timing.steps += 1
         timing.tokens += ntok
-        if _after_step(run, ckpt, writer, timing, last, batch):
+        if _after_step(run, ckpt, writer, timing, last, batch, guard):
           break
   except KeyboardInterrupt:
     _save_on_interrupt(run, ckpt, last)
@@ -307,10 +308,10 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
 
 
 def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,
-                batch) -> bool:
+                batch, guard: InterruptGuard | None = None) -> bool:
   """What follows step run.progress.step (`last`: its metrics, `batch`: its global batch): the
-  progress line, the evaluation and the saves that are due. True when train.max_wall_s stops
-  training."""
+  progress line, the evaluation and the saves that are due (each save with Ctrl-C held by
+  `guard`). True when train.max_wall_s stops training."""
   p = run.progress
   tc = run.tc
   last_step = p.step == tc.steps
@@ -340,17 +341,26 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   if out_of_time:
     log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {p.step}: stopping")
   if eval_now:
-    _evaluate(run, ckpt, writer)
+    _evaluate(run, ckpt, writer, guard)
   if save_now:
-    resume.save(ckpt, ckpt.latest, run)
+    with _held(guard):
+      resume.save(ckpt, ckpt.latest, run)
   for seconds in mark_now:  # after the evaluation: best/ is the best as of the mark
-    marks.keep(ckpt, run, seconds)
+    with _held(guard):
+      marks.keep(ckpt, run, seconds)
   if eval_now or save_now:
     timing.t_seg = time.time()
   return out_of_time
 
 
-def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
+def _held(guard: InterruptGuard | None):
+  """Ctrl-C held for a save (raised once it has finished): an interrupt inside orbax's save
+  would surface as a failed save and leave its temporary directory behind."""
+  return guard.step() if guard is not None else contextlib.nullcontext()
+
+
+def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter,
+              guard: InterruptGuard | None = None) -> None:
   """Evaluates on the eval split, logs it and saves best/ when the selection metrics improve.
   Until it has finished, `run.progress.eval_pending` is set: a checkpoint saved on Ctrl-C
   carries it, so the resumed run evaluates the step first instead of never."""
@@ -367,7 +377,8 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter) -> None:
   if distributed.agree(is_better(score, p.best_score)):  # all save best/, or none
     p.best_score, p.best_step, p.best_eval = score, p.step, floats
     if ckpt.best.latest_step() != p.step:  # (else saved by an interrupted earlier attempt)
-      resume.save(ckpt, ckpt.best, run)
+      with _held(guard):
+        resume.save(ckpt, ckpt.best, run)
   p.eval_pending = False
 
 
