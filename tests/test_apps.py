@@ -162,3 +162,27 @@ def test_retrieve_and_focus_refuse_a_finished_translate_run(tmp_path, module):
   assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
   assert "holds a translate run" in lines[0], lines
   assert {n: (tmp_path / n).read_text() for n in os.listdir(tmp_path)} == before
+
+
+@pytest.mark.parametrize("app,field,value", [("recommend", "seed", 7),
+                                             ("recommend", "num_users", 123),
+                                             ("caption", "distractor_rate", 0.5)])
+def test_a_resumed_run_with_other_data_settings_is_refused(tmp_path, app, field, value):
+  """recommend and caption generate their data from the data section: a resumed run with other
+  settings would train the checkpoints on other data (translate refuses it through its
+  vocabularies' record)."""
+  import importlib
+  presets = importlib.import_module(f"experiments.configs.{app}")
+  config = presets.get_config("tiny")
+  config.train.update(dict(steps=2, checkpoint_every=1, eval_every=2, log_every=1))
+  training.train_and_evaluate(config, str(tmp_path), task=app)
+  recorded = json.loads((tmp_path / "config.json").read_text())["data"]
+  assert recorded[field] != value
+  config.train.steps = 3
+  config.data[field] = value
+  with pytest.raises(Exception, match=rf"data.{field}={value!r} differs from the run being "
+                     "resumed"):
+    training.train_and_evaluate(config, str(tmp_path), task=app)
+  config.data[field] = type(value)(recorded[field])
+  config.data.batch_size = config.data.batch_size + 1  # the batch size may change
+  assert training.train_and_evaluate(config, str(tmp_path), task=app)["step"] == 3

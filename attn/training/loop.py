@@ -409,6 +409,9 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   workdir_lib.claim(workdir, name)  # before anything else is written into it
   with workdir_lib.lock(workdir):
     previous_train = resume.recorded_train(workdir)  # the last command's, before it is replaced
+    if workdir_lib.has_checkpoints(workdir):  # a resumed run trains on the data it was trained on
+      task.check_resumed_data(resume.recorded_section(workdir, "data"),
+                              task.data_config(config.data))
     run = build_run(config, workdir, task, tc, mesh=mesh, record=False)
     run.donate = True  # nothing else holds the state between steps
     log.info(f"model {task.describe_model(run.mc)}: {count_params(run.model):,} parameters")

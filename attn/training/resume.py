@@ -29,9 +29,14 @@ log = logging.getLogger(__name__)
 
 def recorded_train(workdir: str) -> dict:
   """The `train` section of the workdir's config.json (the last run's command); {} if none."""
+  return recorded_section(workdir, "train")
+
+
+def recorded_section(workdir: str, name: str) -> dict:
+  """Section `name` of the workdir's config.json (the last run's command); {} if none."""
   config = files.read_json(os.path.join(workdir, "config.json"))
-  train = config.get("train") if isinstance(config, dict) else None
-  return train if isinstance(train, dict) else {}
+  section = config.get(name) if isinstance(config, dict) else None
+  return section if isinstance(section, dict) else {}
 
 
 def _why_nothing(run) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import abc
 
+from attn.errors import ConfigError
+
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
 
 # What every run's results.json holds besides its task's scores (attn.training.evaluation).
@@ -132,10 +134,35 @@ class Task(abc.ABC):
     split and writes the run's result files, results.json last (its presence means the run
     finished); returns the results. Only process 0 writes."""
 
+  def check_resumed_data(self, recorded: dict, dc) -> None:
+    """Before resuming a run whose config.json recorded the data section `recorded`: a
+    ConfigError when the validated data section `dc` would make other data than its checkpoints
+    were trained on (`refuse_changed_data`). None by default: the text pipeline checks its own
+    (the vocabularies' record, attn.data.vocab_record)."""
+    del recorded, dc
+
   @abc.abstractmethod
   def selection_metrics(self, bundle) -> tuple[str, ...]:
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
     later ones break ties of the earlier."""
+
+
+def refuse_changed_data(recorded: dict, dc, *, free=("batch_size",)) -> None:
+  """ConfigError naming the first `data` setting of dataclass `dc` that differs from the
+  `recorded` data section of the run being resumed (config.json): its checkpoints were trained
+  on the data those settings made. `free`: settings a resumed run may change."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  for field in dataclasses.fields(dc):
+    if field.name in free or field.name not in recorded:
+      continue
+    now = json.loads(json.dumps(getattr(dc, field.name), default=list))
+    if now != recorded[field.name]:
+      raise ConfigError(
+          f"data.{field.name}={getattr(dc, field.name)!r} differs from the run being resumed "
+          f"(data.{field.name}={recorded[field.name]!r} in its config.json): its checkpoints were "
+          "trained on the data those settings made; resume with the recorded settings or use "
+          "another --workdir")
 
 
 def get_task(name: str) -> Task:

@@ -21,6 +21,7 @@ from attn.evaluation import metrics as metrics_lib
 from attn.models import ModelConfig, match_param_count
 from attn.apps.caption.captioner import build_captioner
 from attn.training.seq2seq_task import Seq2SeqTask
+from attn.training.task import refuse_changed_data
 
 _CAPTION_VOCAB = 14  # 4 reserved ids and the 10 digits (attn.apps.caption.captions)
 
@@ -61,6 +62,9 @@ class CaptionTask(Seq2SeqTask):
 
   def data_config(self, cfg):
     return captions.CaptionDataConfig.from_config(cfg)
+
+  def check_resumed_data(self, recorded, dc) -> None:
+    refuse_changed_data(recorded, dc)
 
   def load_data(self, cfg, workdir):
     return captions.load(cfg, workdir)

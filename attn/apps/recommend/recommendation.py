@@ -32,7 +32,7 @@ from attn.errors import ConfigError
 from attn.apps.recommend import recommenders
 from attn.apps.recommend import recommendation_eval as rec_eval
 from attn.training.config import LoopConfig
-from attn.training.task import RUN_FIGURES, Task
+from attn.training.task import RUN_FIGURES, Task, refuse_changed_data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,9 @@ class RecommendTask(Task):
         0.0, tc.learning_rate, tc.warmup_steps, max(tc.steps, tc.warmup_steps + 1),
         tc.learning_rate * 0.1)
     return optax.chain(optax.clip_by_global_norm(tc.clip_norm), optax.adam(schedule))
+
+  def check_resumed_data(self, recorded, dc) -> None:
+    refuse_changed_data(recorded, dc)
 
   def data_config(self, cfg) -> interactions.InteractionConfig:
     return configurable.from_config(interactions.InteractionConfig, cfg, section="data")
