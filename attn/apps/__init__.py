@@ -12,7 +12,9 @@ and imported when first used.
 - `focus`: the reading-focus demo (readers with each normalizer, their page).
 """
 
-from attn.apps.registry import APPS, App, app, app_of_results, app_of_workdir, not_a_run_of
+from attn.apps.registry import (APPS, App, app, app_of_records, app_of_results,
+                                app_of_workdir, not_a_run_of)
 from attn.apps import translate, summarize, caption, recommend, retrieve, focus  # noqa: F401  (register)
 
-__all__ = ["APPS", "App", "app", "app_of_results", "app_of_workdir", "not_a_run_of"]
+__all__ = ["APPS", "App", "app", "app_of_records", "app_of_results", "app_of_workdir",
+           "not_a_run_of"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 
+from attn.common import files
 from attn.errors import ConfigError
 from attn.registry import Registry
 
@@ -83,6 +85,36 @@ def _resolve(ref):
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
   return ref
+
+
+def _recorded_scores(workdir: str):
+  """The dicts of scores a run recorded: results.json's, then metrics.jsonl's first
+  evaluation's (a run stopped before its final evaluation)."""
+  results = files.read_json(os.path.join(workdir, "results.json"))
+  if isinstance(results, dict):
+    yield results
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except ValueError:  # a line cut short by a killed run
+          continue
+        if isinstance(rec, dict) and rec.get("split") == "eval":
+          yield rec
+          return
+  except OSError:
+    return
+
+
+def app_of_records(workdir: str) -> str | None:
+  """The launchable application whose scores the run in `workdir` recorded (results.json, else
+  metrics.jsonl's first evaluation), or None."""
+  for scores in _recorded_scores(workdir):
+    name = app_of_results(scores)
+    if name is not None:
+      return name
+  return None
 
 
 def app_of_workdir(workdir: str) -> str | None:

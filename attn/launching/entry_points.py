@@ -9,7 +9,6 @@ Other entry points (benchmarks, the look-inside tools) are run directly.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 
 from absl import flags
@@ -80,26 +79,6 @@ def metrics(name: str, given=None) -> tuple[str, ...]:
   return tuple(given)
 
 
-def _recorded_fields(workdir):
-  """The field names of the scores a run recorded: results.json's, then metrics.jsonl's first
-  evaluation's (a run stopped before its final evaluation)."""
-  res, _ = launchers.read_record(os.path.join(workdir, "results.json"))
-  if res:
-    yield set(res)
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-      for line in f:
-        try:
-          rec = json.loads(line)
-        except ValueError:  # a line cut short by a killed run
-          continue
-        if isinstance(rec, dict) and rec.get("split") == "eval":
-          yield set(rec)
-          return
-  except OSError:
-    return
-
-
 def experiment_of(workdir) -> str | None:
   """The experiment that trained the run in `workdir`, read from its records: launch.json (a
   run launch.py started), else the scores its task reported (results.json, metrics.jsonl);
@@ -108,11 +87,7 @@ def experiment_of(workdir) -> str | None:
   if rec and rec.get("experiment") in EXPERIMENTS:
     return rec["experiment"]
   from attn import apps  # pylint: disable=import-outside-toplevel
-  for fields in _recorded_fields(workdir):
-    name = apps.app_of_results(fields)
-    if name is not None:
-      return name
-  return None
+  return apps.app_of_records(workdir)
 
 
 def finished_experiment(workdir, allowed: tuple[str, ...]) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 
 from attn.errors import AttnError
@@ -65,26 +64,7 @@ def recorded_application(workdir: str) -> str | None:
   if record and record.get("application"):
     return record["application"]
   from attn import apps  # pylint: disable=import-outside-toplevel
-  results = read_json(os.path.join(workdir, "results.json"))
-  name = apps.app_of_results(results) if isinstance(results, dict) else None
-  return name or _application_of_evaluations(workdir) or apps.app_of_workdir(workdir)
-
-
-def _application_of_evaluations(workdir: str) -> str | None:
-  """The application whose scores metrics.jsonl's first evaluation holds, or None."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-      for line in f:
-        try:
-          rec = json.loads(line)
-        except ValueError:  # a line cut short by a killed run
-          continue
-        if isinstance(rec, dict) and rec.get("split") == "eval":
-          return apps.app_of_results(rec)
-  except OSError:
-    pass
-  return None
+  return apps.app_of_records(workdir) or apps.app_of_workdir(workdir)
 
 
 def claim(workdir: str, application: str) -> None:
