@@ -211,6 +211,32 @@ def query_block_range(j, block_q, block_k, key_length, query_length, causal):
   return lo, hi
 
 
+# Tiles visible whole (every query row sees every key of the tile) need neither the mask nor its
+# `where`s: FlashAttention-3 splits each loop into these and the masked rest. The masked
+# remainder is the diagonal band under causal masking and the last tiles of a length.
+
+
+def whole_key_blocks(i, block_q, block_k, key_length, query_length, causal):
+  """How many key blocks from the first query block i sees whole: below the key length, left of
+  (or on) its first row's causal diagonal, and none of its rows padding (else 0). The first
+  `whole_key_blocks` of `num_key_blocks` need no mask."""
+  q0 = i * np.int32(block_q)
+  whole = lax.div(key_length, np.int32(block_k))
+  if causal:  # key block j is left of row q0's diagonal when (j + 1) * block_k - 1 <= q0
+    whole = jnp.minimum(whole, lax.div(q0 + 1, np.int32(block_k)))
+  return jnp.where(q0 + block_q <= query_length, whole, 0)
+
+
+def whole_query_blocks(j, block_q, block_k, key_length, query_length, causal):
+  """(lo, hi): the query blocks that see key block j whole (empty when hi <= lo): the block lies
+  below the key length, every row of the query block is at or past its last key (causal) and
+  below the query length. Within `query_block_range`, the blocks outside [lo, hi) need the mask."""
+  k_end = (j + 1) * np.int32(block_k)
+  lo = pl.cdiv(k_end - 1, np.int32(block_q)) if causal else np.int32(0)
+  hi = jnp.where(k_end <= key_length, lax.div(query_length, np.int32(block_q)), lo)
+  return lo, jnp.maximum(hi, lo)
+
+
 # Lengths travel as [B, 1, LANES] int32 rows (`length_rows`), read as `ref[0, 0]`: a (1, LANES)
 # block is Mosaic-TPU-legal (a (1,) block of [B] is not); Triton and interpret read it the same.
 # Row statistics (lse, delta) travel as [B, H, T, 1] columns: a (block, 1) block is Mosaic-legal

@@ -114,16 +114,6 @@ def _wgmma_iota(shape, dim):
   return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
 
-def _whole_key_blocks(q0, bq, block_k, key_length, query_length, causal, n):
-  """How many key tiles from the first are visible whole to every row of the query tile at q0:
-  below the key length, at or left of the causal diagonal of its first row, and no padded row
-  in the tile (at most n, the tiles visited)."""
-  whole = lax.div(key_length, jnp.int32(block_k))
-  if causal:  # tile j is left of row q0's diagonal when (j + 1) * block_k - 1 <= q0
-    whole = jnp.minimum(whole, lax.div(q0 + 1, jnp.int32(block_k)))
-  return jnp.where(q0 + bq <= query_length, jnp.minimum(whole, n), 0)
-
-
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_smem, v_smem,
                 o_smem, lse_smem, q_bar, k_bar, v_bar, *, scale, causal, block_k, interpret):
   bq, dv = q_smem.shape[0], v_smem.shape[-1]
@@ -174,7 +164,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_s
           cast(jnp.full((bq,), 0.0, _F32), row_layout),
           cast(jnp.full((bq, dv), 0.0, _F32), plgpu.Layout.WGMMA))
   # Key tiles every row of this query tile sees whole skip the mask (FlashAttention-3's split).
-  n_whole = _whole_key_blocks(q0, bq, block_k, key_length, query_length, causal, n)
+  n_whole = jnp.minimum(
+      _common.whole_key_blocks(i, bq, block_k, key_length, query_length, causal), n)
   carry = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
   m, l, acc = lax.fori_loop(n_whole, n, functools.partial(body, masked=True), carry)
   # Algorithm 1, lines 12-13, as in _common.finish_softmax: empty rows -> (0, -inf).
