@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run demo browser test gpu-check peer-venv clean
+.PHONY: setup run demo browser test test-slow gpu-check peer-venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ SUITE_TIMEOUT ?= 3600
 test: $(STAMP) browser
 	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
 	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
+
+# The long end-to-end runs the default suite leaves out (`-m slow`: the multi-device and
+# multi-process runs, real sweeps, the pinned demo figures); each names the fast test that keeps
+# what it pins covered in `make test`.
+test-slow: $(STAMP)
+	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) -m slow $(PYTEST_ARGS)
 
 # On a GPU (not yet run on a device, so no time is known): both fused kernels against the float64 references on
 # the device, then the speed table against cuDNN, XLA and JAX's Pallas attention, written under

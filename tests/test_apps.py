@@ -167,7 +167,9 @@ def test_retrieve_and_focus_refuse_a_finished_translate_run(tmp_path, module):
 
 @pytest.mark.parametrize("app,field,value", [("recommend", "seed", 7),
                                              ("recommend", "num_users", 123),
-                                             ("caption", "distractor_rate", 0.5)])
+                                             # slow: a caption run; recommend's pin it fast
+                                             pytest.param("caption", "distractor_rate", 0.5,
+                                                          marks=pytest.mark.slow)])
 def test_a_resumed_run_with_other_data_settings_is_refused(tmp_path, app, field, value):
   """recommend and caption generate their data from the data section: a resumed run with other
   settings would train the checkpoints on other data (translate refuses it through its

@@ -123,6 +123,8 @@ def test_off_writes_nothing(tmp_path):
   assert out["dir"] is None and out["loaded"] == out["written"] == 0
 
 
+# slow: two smoke runs; test_a_second_process_loads_the_program_the_first_compiled pins the reload fast
+@pytest.mark.slow
 def test_a_rerun_of_an_experiment_loads_its_programs_and_trains_the_same_model(tmp_path):
   env = {**os.environ, "ATTN_COMPILE_CACHE": str(tmp_path / "xla"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}

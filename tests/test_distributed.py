@@ -120,6 +120,8 @@ def runs(tmp_path_factory):
   return {**w, "e_out": [_finish(p) for p in two]}
 
 
+# slow: real multi-device and multi-process runs (~60 s); the batch split, filler rows and mesh checks below pin their parts fast
+@pytest.mark.slow
 def test_four_devices_follow_the_one_device_loss_curve(runs):
   # b's steps 1-3 ran on a 2 x 2 mesh from the initialization, d's steps 4-6 on 4 data devices
   # after 3 steps on 1 (a resumed workdir's metrics keep the rows of the steps before it).
@@ -127,6 +129,8 @@ def test_four_devices_follow_the_one_device_loss_curve(runs):
   _same_curve(runs["d"], runs["a"], range(4, 7))
 
 
+# slow: real multi-device and multi-process runs (~60 s); the batch split, filler rows and mesh checks below pin their parts fast
+@pytest.mark.slow
 def test_a_checkpoint_saved_on_four_devices_resumes_on_one(runs):
   _same_curve(runs["b"], runs["a"], range(1, 7))
   with open(os.path.join(runs["b"], "results.json")) as f:
@@ -134,6 +138,8 @@ def test_a_checkpoint_saved_on_four_devices_resumes_on_one(runs):
   assert res["step"] == 6
 
 
+# slow: real multi-device and multi-process runs (~60 s); the batch split, filler rows and mesh checks below pin their parts fast
+@pytest.mark.slow
 def test_a_checkpoint_saved_on_one_device_resumes_on_four(runs):
   _same_curve(runs["d"], runs["a"], range(1, 7))
   with open(os.path.join(runs["a"], "results.json")) as f, open(
@@ -143,6 +149,8 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_four(runs):
   assert _eval_at(runs["d"], 6)["nll"] == pytest.approx(_eval_at(runs["a"], 6)["nll"], rel=RTOL)
 
 
+# slow: real multi-device and multi-process runs (~60 s); the batch split, filler rows and mesh checks below pin their parts fast
+@pytest.mark.slow
 def test_two_processes_follow_the_one_process_curve_and_write_once(runs):
   _same_curve(runs["e"], runs["a"], range(1, 7))  # _curve also refuses duplicated steps
   assert [r["step"] for r in _rows(runs["e"], "eval")] == [6]

@@ -287,6 +287,9 @@ def test_docstring_examples_are_valid_configs(monkeypatch):
         args
 
 
+# slow: two real smoke runs; the `fake` experiment's sweeps above pin the launcher, and the docs
+# test checks `make run`'s sweep with --dry_run
+@pytest.mark.slow
 def test_a_sweep_runs_each_combination_and_writes_table_and_plot(tmp_path):
   cmd = [sys.executable, "launch.py", "--experiment=translate", SMOKE, f"--workdir={tmp_path}",
          "--sweep=model.rnn.decoder=none,luong"]

@@ -170,6 +170,8 @@ def test_translation_trains_the_pointer_generator_and_coverage(tmp_path):
   assert [r["step"] for r in rows if r.get("split") == "eval"] == [4]  # evaluation ran
 
 
+# slow: two runs; test_ctrl_c_saves_a_checkpoint_and_exits_130 and the resume tests of tests/test_train.py pin its parts fast
+@pytest.mark.slow
 def test_ctrl_c_during_the_last_evaluation_resumes_to_the_uninterrupted_result(tmp_path,
                                                                                  monkeypatch):
   """The checkpoint saved on Ctrl-C during the evaluation of the last step says the evaluation is

@@ -118,6 +118,8 @@ def _records(wd):
           for n in ("config.json", "model.json", "results.json")}
 
 
+# slow: three training phases; test_coverage_switched_on_when_resuming pins the switch fast
+@pytest.mark.slow
 def test_a_coverage_phase_that_trains_nothing_or_dies_early_leaves_the_workdir_usable(
     tmp_path, monkeypatch):
   """Switching coverage on never leaves records that claim a model no checkpoint holds: a phase

@@ -76,6 +76,8 @@ def test_resuming_after_a_kill_gives_the_same_model_as_an_uninterrupted_run(tmp_
   assert a["step"] == b["step"] == 8 and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
 
+# slow: tests/test_decode.py::test_beam_size_1_equals_greedy pins it fast on the decoder itself
+@pytest.mark.slow
 def test_beam_size_one_equals_greedy_on_a_real_model():
   from attn.models import ModelConfig, RNNConfig
   model = build_model(ModelConfig(src_vocab=11, tgt_vocab=9, dropout=0.0, rnn=RNNConfig(
