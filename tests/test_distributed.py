@@ -267,3 +267,63 @@ def test_vocabulary_matrices_split_over_the_model_axis_when_it_divides():
   assert spec("0/decoder/readout/kernel/value", (64, 16), 2) == P()
   assert spec("0/decoder/embed/embedding/value", (40, 16), 1) == P()
   assert distributed.state_shardings({"w": np.zeros(3)}, mesh)["w"].spec == P()
+
+
+# ------------------------------------------------------------------------------ --distributed=auto
+
+_JOIN = """
+import sys
+from absl import flags
+from attn.launching import cli
+import jax
+from jax.experimental import multihost_utils
+cli.define_distributed_flags()
+flags.FLAGS(sys.argv)
+started = cli.start_distributed()
+x = jax.numpy.ones(()) * (jax.process_index() + 1)
+total = multihost_utils.process_allgather(x).sum()
+print(started, jax.process_index(), jax.process_count(), float(total), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def _slurm_port() -> int:
+  """A free port in the range JAX's Slurm detection derives from the job id (61440-65535)."""
+  for port in range(61440 + os.getpid() % 2048, 65536):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError("no free port in 61440-65535")
+
+
+def test_auto_joins_the_processes_a_slurm_job_describes():
+  """`--distributed=auto` as `srun` would start it: two tasks whose only settings are Slurm's
+  environment variables (job id, node list, task count and ids) join one jax.distributed run
+  through JAX's Slurm detection. Slurm itself has never run it (docs/scale.md says so)."""
+  port = _slurm_port()
+  procs = []
+  for rank in range(2):
+    env = {k: v for k, v in _env(1).items() if not k.startswith(("SLURM_", "OMPI_", "TPU_"))}
+    env.update(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST="localhost",
+               SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+               SLURM_STEP_NUM_NODES="1")
+    procs.append(subprocess.Popen(
+        [sys.executable, "-c", _JOIN, "join", "--distributed=auto"], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outs = [p.communicate(timeout=180) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  # each task knows its rank, both see two processes, and a collective spans them (1 + 2)
+  assert sorted(out.splitlines()[-1].split() for out, _ in outs) == [["True", "0", "2", "3.0"],
+                                                    ["True", "1", "2", "3.0"]]
+
+
+def test_auto_outside_a_cluster_is_one_line_naming_the_explicit_flags():
+  env = {k: v for k, v in _env(1).items() if not k.startswith(("SLURM_", "OMPI_", "TPU_"))}
+  p = subprocess.run([sys.executable, "-c", _JOIN, "join", "--distributed=auto"], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=180)
+  assert p.returncode != 0
+  assert "--coordinator_address" in p.stderr and "Slurm or TPU-pod" in p.stderr
