@@ -251,10 +251,10 @@ def length_rows(lengths):
 
 def forward_outputs(q, v):
   """Output shapes of every forward kernel: out [B, H, Tq, dv] in v's dtype and lse
-  [B, H, Tq, 1] float32 (q: [B, H, Tq, ·], v: [B, H, Tk, dv], both padded)."""
-  B, H, Tq = q.shape[:3]
-  return (jax.ShapeDtypeStruct((B, H, Tq, v.shape[-1]), v.dtype),
-          jax.ShapeDtypeStruct((B, H, Tq, 1), _F32))
+  [B, H, Tq, 1] float32 (q: [B, H, Tq, ·], v: [B, H, Tk, dv], both padded), in q's layout
+  (token-major [B, Tq, H, ·] gives [B, Tq, H, dv] and [B, Tq, H, 1])."""
+  return (jax.ShapeDtypeStruct((*q.shape[:3], v.shape[-1]), v.dtype),
+          jax.ShapeDtypeStruct((*q.shape[:3], 1), _F32))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -220,8 +220,8 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
 
 def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   del theta
-  B, H, Tq, d = q.shape
-  Tk, dv = k.shape[2], v.shape[-1]
+  B, H, Tq, d = cfg.layout.dims(q)
+  Tk, dv = cfg.layout.dims(k)[2], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
   kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)
