@@ -26,6 +26,9 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
   WGMMA), chosen with target="mosaic_gpu" ("auto" keeps Triton until it has run on a Hopper GPU);
   its residuals feed the same Triton backward.
+The GPU launch indexes the [B, T, H, d] arrays as given (blocks (None, rows, None, d)): no
+transpose around the pallas_calls, and padding only for lengths off the tiles or widths that are
+not powers of two >= 16.
 TPU lowering: Mosaic TPU, with its own launch (`kernels/targets/tpu.py`). The kernels see head-major
 [B, H, T, d] operands (transposed by XLA around the pallas_call), so every block's last two dims
 are (rows, d), with rows a multiple of 8 and d the whole (padded) head dim; row statistics are
@@ -272,8 +275,9 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
 
 # ----------------------------------------------------------------------------------------------
 # The pallas_calls, described for the target's launch (`kernels/launch.py`: roles, not BlockSpecs).
-# Operands arrive padded by `_skeleton.pallas_padded` (T to block multiples, d to powers of two
-# >= 16); theta is None (the score has no parameters).
+# Operands arrive in the launch's layout (`cfg.layout`), padded where needed by
+# `_skeleton.pallas_padded` (T to block multiples, d to powers of two >= 16); theta is None
+# (the score has no parameters).
 
 
 def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
