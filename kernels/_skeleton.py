@@ -12,7 +12,8 @@ every kernel:
   of implementation ("pallas", "blocked", "xla"; "auto") and of target, and the target's tiles.
 
 Operands are named as in the blocked path, whatever the public names: q [B, Tq, H, dq],
-k [B, Tk, H, dq], v [B, Tk, H, dv] (the Pallas kernels get them head-major, [B, H, T, d]), and
+k [B, Tk, H, dq], v [B, Tk, H, dv] (the Pallas kernels get them in the layout of the target's
+launch, `kernels.launch.Layout`: as they are on the GPU, head-major [B, H, T, d] on the TPU), and
 theta, the score's per-head parameters ([H, dq]) or None.
 theta's last axis lives in the q/k feature space and is zero-padded with it.
 Static score arguments (the dot-product kernel's `scale`) travel as keyword arguments to the
@@ -32,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import _common, targets
+from kernels import _common, launch, targets
 from kernels._common import MIN_BLOCK, BlockSizes
 from kernels.targets import AUTO, Target
 
@@ -53,6 +54,11 @@ class Config:
     """pallas_call's `interpret`: the target's (False when compiled)."""
     return self.target.interpret
 
+  @property
+  def layout(self) -> launch.Layout:
+    """The layout of the kernels' operands: the target's launch's."""
+    return launch.layout_of(self.target.launch)
+
 
 @dataclasses.dataclass(frozen=True)
 class FusedKernel:
@@ -60,8 +66,9 @@ class FusedKernel:
 
   forward(q, k, v, theta, kl, ql, cfg) -> (out [B, H, Tq_p, dv_p], lse [B, H, Tq_p] float32) and
   backward(q, k, v, theta, do, lse, delta, kl, ql, cfg) -> (dq, dk, dv, dtheta) run the Pallas
-  kernels on padded, head-major operands (q [B, H, Tq_p, dq_p], ...) through
-  `cfg.target.launch`; delta = rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p].
+  kernels on padded operands (q [B, H, Tq_p, dq_p], ...) through `cfg.target.launch`; delta =
+  rowsum(dO ∘ O) − ∂L/∂lse, [B, H, Tq_p]. Shapes are written head-major: operands, outputs and
+  row statistics are all in `cfg.layout` (token-major: q [B, Tq_p, H, dq_p], lse [B, Tq_p, H]).
   score(theta, q_blk [tq, dq], k_blk [tk, dq], **score_kw) -> [tq, tk] float32: the blocked and
   naive paths' score (differentiated by autodiff per tile).
   check_inputs(q, k, v, theta): raises ValueError with the public argument names.
@@ -199,7 +206,8 @@ def _pallas_core_bwd(kernel, cfg, res, cts):
   operands, kl, ql, out, lse = res
   g_out, g_lse = cts
   # delta_i = dO_i . O_i - dL/dlse_i: a cotangent on lse adds P_ij to dS_ij, i.e. shifts delta.
-  delta = jnp.einsum("bhqd,bhqd->bhq", g_out.astype(jnp.float32), out.astype(jnp.float32)) - g_lse
+  # A sum over the last axis, so delta comes in the layout of lse (either layout).
+  delta = jnp.sum(g_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1) - g_lse
   grads = kernel.backward(*operands, g_out.astype(out.dtype), lse, delta, kl, ql, cfg)
   return tuple(grads), None, None
 
@@ -209,7 +217,8 @@ _pallas_core.defvjp(_pallas_core_fwd, _pallas_core_bwd)
 
 def _run_padded(kernel: FusedKernel, target: Target, q, k, v, theta, kl, ql, *, causal: bool,
                 blocks: BlockSizes, poison: bool, score_kw):
-  """The kernel's Pallas kernels on `target` with tiles `blocks` (see `pallas_padded`)."""
+  """The kernel's Pallas kernels on `target` with tiles `blocks`: (out [B, Tq_p, H, dv_p],
+  lse [B, Tq_p, H]) (see `pallas_padded`)."""
   Tq, Tk, d, dv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   blocks = blocks.clamp(Tq, Tk)
   d_p = max(kernel.min_qk_width, _common.next_pow2(d))
@@ -217,15 +226,20 @@ def _run_padded(kernel: FusedKernel, target: Target, q, k, v, theta, kl, ql, *, 
   bq, bk = max(blocks.block_q, blocks.bwd_q), max(blocks.block_k, blocks.bwd_k)
   Tq_p, Tk_p = pl.cdiv(Tq, bq) * bq, pl.cdiv(Tk, bk) * bk
   dv_p = max(MIN_BLOCK, _common.next_pow2(dv))
-  # Head-major inside the kernels: a [B, H, T, d] block (None, None, rows, d) keeps the last two
-  # block dims (rows, d) TPU-legal; [B, T, H, d] would put a squeezed head axis second-minor.
-  pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(_to_heads(x), 2, T), 3, width)
-  operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
-              None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   cfg = Config(causal=bool(causal), blocks=blocks, target=target, poison=poison,
                score_kw=tuple(sorted(score_kw.items())))
+  # Operands in the launch's layout (a transpose only for head-major), padded only where a
+  # length is not a multiple of the tiles or a width not a power of two: `pad_axis` is the
+  # identity otherwise, so a [B, T, H, d] call with such shapes reaches Triton untouched.
+  # Pallas Triton does not mask block loads at the array's end (a load is a plain pointer
+  # offset, masked only where the kernel passes a mask), so sequences stay padded to whole tiles.
+  layout = cfg.layout
+  pad = lambda x, T, width: _common.pad_axis(
+      _common.pad_axis(layout.arrange(x), layout.seq_axis, T), 3, width)
+  operands = (pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p),
+              None if theta is None else _common.pad_axis(theta, theta.ndim - 1, d_p))
   out, lse = _pallas_core(kernel, cfg, operands, kl, ql)
-  return _to_heads(out), lse
+  return layout.arrange(out), layout.arrange(lse)
 
 
 def _host_target(chosen) -> Target:
@@ -256,8 +270,9 @@ def pallas_padded(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool,
   chosen = _host_target(resolve_target("pallas", target, interpret))
   chosen.check(kernel, q, v)
   blocks = chosen.tiles(kernel.name) if blocks is None else blocks
-  return _run_padded(kernel, chosen, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
-                     poison=poison, score_kw=score_kw)
+  out, lse = _run_padded(kernel, chosen, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
+                         poison=poison, score_kw=score_kw)
+  return out, jnp.swapaxes(lse, 1, 2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,7 +290,7 @@ def _impl_pallas(kernel, chosen, q, k, v, theta, kl, ql, *, causal, tiles, score
   def run(target, q, k, v, theta, kl, ql):
     out, lse = _run_padded(kernel, target, q, k, v, theta, kl, ql, causal=causal,
                            blocks=tiles(target), poison=False, score_kw=score_kw)
-    return out[:, :Tq, :, :dv], jnp.swapaxes(lse[:, :, :Tq], 1, 2)
+    return out[:, :Tq, :, :dv], lse[:, :Tq]  # no op where nothing was padded
 
   if isinstance(chosen, Target) and not chosen.platforms:
     return run(chosen, q, k, v, theta, kl, ql)  # interpreted: runs wherever it is traced

@@ -256,8 +256,8 @@ def _dkv_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl
 
 
 def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
-  B, H, Tq, da = qp.shape
-  Tk, dv = kp.shape[2], val.shape[-1]
+  B, H, Tq, da = cfg.layout.dims(qp)
+  Tk, dv = cfg.layout.dims(kp)[2], val.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
   kw = dict(causal=cfg.causal, block_d=cfg.blocks.block_d)
   flops = B * H * Tq * Tk * (2 * da + 2 * dv) // (2 if cfg.causal else 1)
@@ -277,8 +277,8 @@ def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
 
 
 def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
-  B, H, _, da = qp.shape
-  Tk, dv = kp.shape[2], val.shape[-1]
+  B, H, _, da = cfg.layout.dims(qp)
+  Tk, dv = cfg.layout.dims(kp)[2], val.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   kw = dict(causal=cfg.causal, block_d=cfg.blocks.block_d)
   inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],

@@ -26,6 +26,9 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
   WGMMA), chosen with target="mosaic_gpu" ("auto" keeps Triton until it has run on a Hopper GPU);
   its residuals feed the same Triton backward.
+The GPU launch indexes the [B, T, H, d] arrays as given (blocks (None, rows, None, d)): no
+transpose around the pallas_calls, and padding only for lengths off the tiles or widths that are
+not powers of two >= 16.
 TPU lowering: Mosaic TPU, with its own launch (`kernels/targets/tpu.py`). The kernels see head-major
 [B, H, T, d] operands (transposed by XLA around the pallas_call), so every block's last two dims
 are (rows, d), with rows a multiple of 8 and d the whole (padded) head dim; row statistics are
@@ -59,44 +62,83 @@ _F32 = jnp.float32
 
 # ----------------------------------------------------------------------------------------------
 # Tiles: one [bq, bk] step of each kernel, shared by the GPU bodies (a loop over the other
-# sequence) and the TPU bodies (one step of the grid's reduction axis). q_pos, k_pos: [bq], [bk].
+# sequence) and the TPU bodies (one step of the grid's reduction axis). pos: the tile's (q_pos
+# [bq], k_pos [bk]) for a masked tile, None for a whole one (every row sees every key: tiles left
+# of the causal diagonal, below both lengths), which skips the mask and its `where`s
+# (FlashAttention-3's split, as in kernels/flash_attention_mgpu.py).
 
 
-def _fwd_tile(carry, q, k, v, q_pos, k_pos, lengths, *, scale, causal):
+def _valid(pos, lengths, causal):
+  return None if pos is None else _common.valid_mask(*pos, *lengths, causal)
+
+
+def _fwd_tile(carry, q, k, v, pos, lengths, *, scale, causal):
   """Folds key tile k [bk, d], v [bk, dv] into the online softmax of q [bq, d]."""
   s = _common.dot_nt(q, k) * scale  # [bq, bk] f32
-  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
-  return _common.online_softmax_update(carry, s, valid, v)  # Algorithm 1, lines 8-10
+  # Algorithm 1, lines 8-10.
+  return _common.online_softmax_update(carry, s, _valid(pos, lengths, causal), v)
 
 
-def _grad_tile(q, k, v, do, lse, delta, q_pos, k_pos, lengths, *, scale, causal):
+def _grad_tile(q, k, v, do, lse, delta, pos, lengths, *, scale, causal):
   """(P, dS) of one tile (Algorithm 2): q, do [bq, ·], k, v [bk, ·], lse, delta [bq]."""
-  valid = _common.valid_mask(q_pos, k_pos, *lengths, causal)
-  return _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, valid, lse, do, v, delta)
+  return _common.softmax_grad_tile(_common.dot_nt(q, k) * scale, _valid(pos, lengths, causal),
+                                   lse, do, v, delta)
+
+
+def _tile_positions(i, block_q, j, block_k, masked):
+  return (positions(i, block_q), positions(j, block_k)) if masked else None
 
 
 # ----------------------------------------------------------------------------------------------
 # GPU kernel bodies (grid (row block, b, h)). Refs: q/k/v blocks are 2-D [rows, d] (batch and
 # head squeezed out); lse / delta are [rows, 1] columns; lengths are [1, 128] rows of repeated
 # values, read at [0, 0]. Output refs come last (aliased poison inputs, if any, sit between the
-# inputs and the outputs, never read).
+# inputs and the outputs, never read). Each loop over the other sequence runs as consecutive
+# fori_loops over masked and whole ranges of blocks (`_split_loops`).
+
+
+def _split_loops(body, init, *ranges):
+  """`lax.fori_loop`s of body(index, carry, masked) over consecutive (lo, hi, masked) ranges."""
+  carry = init
+  for lo, hi, masked in ranges:
+    carry = lax.fori_loop(lo, hi, functools.partial(body, masked=masked), carry)
+  return carry
+
+
+def _key_ranges(i, block_q, block_k, lengths, causal):
+  """The key blocks query block i visits: whole [0, n_whole), then masked [n_whole, n)."""
+  n = _common.num_key_blocks(i, block_q, block_k, *lengths, causal)
+  n_whole = _common.whole_key_blocks(i, block_q, block_k, *lengths, causal)  # <= n
+  return (0, n_whole, False), (n_whole, n, True)
+
+
+def _query_ranges(j, block_q, block_k, lengths, causal):
+  """The query blocks that see key block j: masked [lo, wlo), whole [wlo, whi), masked [whi, hi),
+  with lo <= wlo <= whi <= hi (the whole ones clipped into `query_block_range`, which they can
+  leave when it is empty)."""
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+  hi = jnp.maximum(hi, lo)
+  wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)
+  wlo = jnp.clip(wlo, lo, hi)
+  whi = jnp.clip(whi, wlo, hi)
+  return (lo, wlo, True), (wlo, whi, False), (whi, hi, True)
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block_k):
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   q = q_ref[...]  # [bq, d], stays on chip for the whole loop
-  q_pos = positions(i, block_q)
 
-  def body(j, carry):
+  def body(j, carry, masked):
     keys = pl.ds(j * block_k, block_k)
-    return _fwd_tile(carry, q, k_ref[keys, :], v_ref[keys, :], q_pos, positions(j, block_k),
-                     lengths, scale=scale, causal=causal)
+    return _fwd_tile(carry, q, k_ref[keys, :], v_ref[keys, :],
+                     _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
+                     causal=causal)
 
-  n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
-  carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, v_ref.shape[-1]))
+  carry = _split_loops(body, _common.online_softmax_init(block_q, v_ref.shape[-1]),
+                       *_key_ranges(i, block_q, block_k, lengths, causal))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse[:, None]
@@ -107,20 +149,20 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   q, do = q_ref[...], do_ref[...]  # [bq, d], [bq, dv]
   lse, delta = lse_ref[:, 0], delta_ref[:, 0]  # [bq]
-  q_pos = positions(i, block_q)
 
-  def body(j, dq):
+  def body(j, dq, masked):
     keys = pl.ds(j * block_k, block_k)
     k = k_ref[keys, :]
-    _, ds = _grad_tile(q, k, v_ref[keys, :], do, lse, delta, q_pos, positions(j, block_k),
-                       lengths, scale=scale, causal=causal)
+    _, ds = _grad_tile(q, k, v_ref[keys, :], do, lse, delta,
+                       _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
+                       causal=causal)
     return dq + _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
-  n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
-  dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, _F32))
+  dq = _split_loops(body, jnp.zeros(q.shape, _F32),
+                    *_key_ranges(i, block_q, block_k, lengths, causal))
   dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
@@ -129,41 +171,58 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
   dk_ref, dv_ref = refs[-2:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  lengths = key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   k, v = k_ref[...], v_ref[...]  # [bk, d], [bk, dv]
-  k_pos = positions(j, block_k)
 
-  def body(i, carry):
+  def body(i, carry, masked):
     dk, dv = carry
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    p, ds = _grad_tile(q, k, v, do, lse_ref[rows, 0], delta_ref[rows, 0], positions(i, block_q),
-                       k_pos, lengths, scale=scale, causal=causal)  # [bq, bk]
+    p, ds = _grad_tile(q, k, v, do, lse_ref[rows, 0], delta_ref[rows, 0],
+                       _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
+                       causal=causal)  # [bq, bk]
     dv = dv + _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
 
-  lo, hi = _common.query_block_range(j, block_q, block_k, key_length, query_length, causal)
-  dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)))
+  dk, dv = _split_loops(body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
+                        *_query_ranges(j, block_q, block_k, lengths, causal))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
-# TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py): one [bq, bk] tile per step, the
-# reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
-# written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`).
+# TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py): one [bq, bk] tile per step,
+# the reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
+# written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`); whole
+# tiles take the unmasked branch, the visible rest the masked one.
+
+
+def _by_mask(whole, step):
+  """A grid step that runs step(masked=False) on a whole tile, step(masked=True) otherwise."""
+  def run():
+    pl.when(whole)(functools.partial(step, masked=False))
+    pl.when(jnp.logical_not(whole))(functools.partial(step, masked=True))
+  return run
 
 
 def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
   block_q, block_k = q_ref.shape[0], k_ref.shape[0]
   i, j = pl.program_id(2), pl.program_id(3)
   lengths = kl_ref[0, 0], ql_ref[0, 0]
+
+  def update(carry, masked):
+    return _fwd_tile(carry, q_ref[...], k_ref[...], v_ref[...],
+                     _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
+                     causal=causal)
+
+  # The online-softmax state is a value here (read from and stored to scratch around `update`),
+  # so the whole/masked choice is a `lax.cond` with results: `pl.when` is one without.
+  whole = j < _common.whole_key_blocks(i, block_q, block_k, *lengths, causal)
   _grid_steps.online_softmax_steps(
       *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
-      update=lambda carry: _fwd_tile(carry, q_ref[...], k_ref[...], v_ref[...],
-                                     positions(i, block_q), positions(j, block_k), lengths,
-                                     scale=scale, causal=causal))
+      update=lambda carry: lax.cond(whole, functools.partial(update, masked=False),
+                                    functools.partial(update, masked=True), carry))
 
 
 def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs, scale,
@@ -173,19 +232,20 @@ def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_r
   i, j = pl.program_id(2), pl.program_id(3)
   lengths = kl_ref[0, 0], ql_ref[0, 0]
 
-  def accumulate():
+  def accumulate(masked):
     k = k_ref[...]
     _, ds = _grad_tile(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[:, 0], delta_ref[:, 0],
-                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
                        causal=causal)
     acc_ref[...] += _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
   def write():
     dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
 
+  whole = j < _common.whole_key_blocks(i, block_q, block_k, *lengths, causal)
   _grid_steps.reduce_steps(
       [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
-      accumulate=accumulate, write=write)
+      accumulate=_by_mask(whole, accumulate), write=write)
 
 
 def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
@@ -195,10 +255,10 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
   j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
   lengths = kl_ref[0, 0], ql_ref[0, 0]
 
-  def accumulate():
+  def accumulate(masked):
     q, do = q_ref[...], do_ref[...]
     p, ds = _grad_tile(q, k_ref[...], v_ref[...], do, lse_ref[:, 0], delta_ref[:, 0],
-                       positions(i, block_q), positions(j, block_k), lengths, scale=scale,
+                       _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
                        causal=causal)  # [bq, bk]
     dv_acc[...] += _common.dot_tn(p.astype(do.dtype), do)  # dV += P^T dO
     dk_acc[...] += _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
@@ -208,20 +268,22 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
   lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  _grid_steps.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi), accumulate=accumulate,
-                    write=write)
+  wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)  # within [lo, hi)
+  _grid_steps.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi),
+                           accumulate=_by_mask((wlo <= i) & (i < whi), accumulate), write=write)
 
 
 # ----------------------------------------------------------------------------------------------
 # The pallas_calls, described for the target's launch (`kernels/launch.py`: roles, not BlockSpecs).
-# Operands arrive padded by `_skeleton.pallas_padded` (T to block multiples, d to powers of two
-# >= 16); theta is None (the score has no parameters).
+# Operands arrive in the launch's layout (`cfg.layout`), padded where needed by
+# `_skeleton.pallas_padded` (T to block multiples, d to powers of two >= 16); theta is None
+# (the score has no parameters).
 
 
 def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
   del theta
-  B, H, Tq, d = q.shape
-  Tk, dv = k.shape[2], v.shape[-1]
+  B, H, Tq, d = cfg.layout.dims(q)
+  Tk, dv = cfg.layout.dims(k)[2], v.shape[-1]
   bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
   kw = dict(causal=cfg.causal, **dict(cfg.score_kw))
   flops = 4 * B * H * Tq * Tk * d // (2 if cfg.causal else 1)

@@ -6,15 +6,21 @@ pallas_call as a `Call`: its operands by *role*, its output shapes, and one body
 and the target's launch builder turns that into the grid, the BlockSpecs, on-chip scratch and its
 compiler params (`Target.launch(call, inputs, cfg)`).
 
+Operands reach the kernels padded by the skeleton (`kernels/_skeleton.py`) in the layout of the
+launch (`Launch.layout`, a `Layout`): token-major [B, T, H, w], the public layout itself, where
+a block can squeeze out the head axis (Triton: no transpose in HBM around the pallas_call), or
+head-major [B, H, T, w], where Mosaic TPU needs the last two block dims to be (rows, w). Row
+statistics (lse, delta) follow the same layout with w = 1.
+
 Every grid writes blocks of one sequence (`Call.writes`: the queries for the forward and dq
-kernels, the keys for dk/dv) and reads the other. Roles, for operands in the skeleton's padded
-head-major layout (`kernels/_skeleton.py`):
+kernels, the keys for dk/dv) and reads the other. Roles, written below head-major:
 - ROW: [B, H, T, w] along the written sequence: the block a grid step writes.
 - OTHER: [B, H, T, w] along the read sequence: all of it in a loop launch, one block per step
   in a grid launch.
-- HEAD: [H, 1, w], one row per head (the additive score's v).
+- HEAD: [H, 1, w], one row per head (the additive score's v), in every layout.
 - LENGTHS: [B, 1, LANES] int32 lengths (`_common.length_rows`).
-- BLOCK_ROW: [B, H, n_blocks, 1, w] output, one row per written block (partial sums added in XLA).
+- BLOCK_ROW: [B, H, n_blocks, 1, w] output, one row per written block (partial sums added in
+  XLA), in every layout.
 
 Launch styles (which body a target runs):
 - "loop": grid (written block, b, h); the body loops over the read sequence held whole on chip
@@ -34,6 +40,58 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 ROW, OTHER, HEAD, LENGTHS, BLOCK_ROW = "row", "other", "head", "lengths", "block_row"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where the sequence and head axes of a kernel operand [B, ·, ·, w] lie.
+
+  heads_first: head-major [B, H, T, w]; else token-major [B, T, H, w], the public layout.
+  """
+  name: str
+  heads_first: bool
+
+  @property
+  def seq_axis(self) -> int:
+    return 2 if self.heads_first else 1
+
+  def dims(self, x) -> tuple[int, int, int, int]:
+    """(B, H, T, w) of an operand x in this layout."""
+    B, a, b, w = x.shape
+    return (B, a, b, w) if self.heads_first else (B, b, a, w)
+
+  def arrange(self, x):
+    """[B, T, H, ...] -> this layout, and back (a swap of axes 1 and 2 is its own inverse)."""
+    return jnp.swapaxes(x, 1, 2) if self.heads_first else x
+
+  def block(self, rows, width) -> tuple:
+    """Block shape of a [rows, width] slab of one (b, h), batch and head squeezed."""
+    return (None, None, rows, width) if self.heads_first else (None, rows, None, width)
+
+  def index(self, b, h, r) -> tuple:
+    """Block index of row block r of (b, h)."""
+    return (b, h, r, 0) if self.heads_first else (b, r, h, 0)
+
+
+TOKEN_MAJOR = Layout("token_major", heads_first=False)
+HEAD_MAJOR = Layout("head_major", heads_first=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """A launch builder, `build(call, inputs, cfg) -> outputs`, and the layout of the operands it
+  takes; called like the builder (a `Target.launch`)."""
+  build: Callable
+  layout: Layout
+
+  def __call__(self, call, inputs, cfg):
+    return self.build(call, inputs, cfg)
+
+
+def layout_of(launch_builder) -> Layout:
+  """The operand layout of a target's launch: a `Launch`'s own; head-major for a bare builder
+  function (the grid launch of Mosaic TPU, which needs (rows, w) as the last two block dims)."""
+  return getattr(launch_builder, "layout", HEAD_MAJOR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +124,11 @@ class Call:
   def read_block(self) -> int:
     return self.block_k if self.writes == "q" else self.block_q
 
-  def lengths(self, inputs) -> tuple[int, int]:
+  def lengths(self, inputs, layout: Layout = HEAD_MAJOR) -> tuple[int, int]:
     """(T of the written sequence, T of the read one), from the first ROW and OTHER inputs."""
-    rows = next(x for x, r in zip(inputs, self.inputs) if r == ROW).shape[2]
-    other = next(x for x, r in zip(inputs, self.inputs) if r == OTHER).shape[2]
-    return rows, other
+    rows = next(x for x, r in zip(inputs, self.inputs) if r == ROW)
+    other = next(x for x, r in zip(inputs, self.inputs) if r == OTHER)
+    return layout.dims(rows)[2], layout.dims(other)[2]
 
 
 def pallas_call(call: Call, inputs, cfg, *, kernel, grid, in_specs, out_specs,

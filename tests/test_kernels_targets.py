@@ -31,8 +31,10 @@ def _export(f, platform, *args):
 
 
 def _padded_lengths(text):
-  """{T: count} of the [B, H, T, D] bfloat16 arrays in a lowered module (the kernels' operands)."""
-  return collections.Counter(int(t) for t in re.findall(rf"tensor<{B}x{H}x(\d+)x{D}xbf16>", text))
+  """{T: count} of the [B, H, T, D] and [B, T, H, D] bfloat16 arrays in a lowered module (the
+  kernels' operands, head-major on the TPU, token-major on the GPU)."""
+  return collections.Counter(int(t) for pattern in (rf"{B}x{H}x(\d+)x{D}", rf"{B}x(\d+)x{H}x{D}")
+                             for t in re.findall(rf"tensor<{pattern}xbf16>", text))
 
 
 @pytest.mark.parametrize("platform,target", [("cuda", "triton"), ("tpu", "tpu")])

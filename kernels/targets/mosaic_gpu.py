@@ -1,8 +1,9 @@
 """Targets "mosaic_gpu" (CUDA, Hopper) and "mosaic_gpu_interpret" (JAX's Mosaic GPU interpreter):
 the dot-product kernel's Mosaic GPU forward (TMA + WGMMA, `kernels/flash_attention_mgpu.py`),
-with the Triton target's launch for its backward and for what that forward does not take
-(float32: WGMMA would round to tf32; head dims above 256). Only the dot-product kernel has such a
-forward. Lowered for CUDA from a CPU host (tests/test_kernels_mgpu.py); never run on a GPU.
+with the Triton target's loop launch for its backward and for what that forward does not take
+(float32: WGMMA would round to tf32; head dims above 256), head-major: that forward's TMA
+copies take [b, h, rows] slabs. Only the dot-product kernel has such a forward. Lowered for
+CUDA from a CPU host (tests/test_kernels_mgpu.py); never run on a GPU.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ _FORWARDS = {"flash_attention": _dot_forward}
 
 TARGETS.add(Target(
     name="mosaic_gpu", implementation="pallas",
-    blocks={"flash_attention": triton.BLOCKS["flash_attention"]}, launch=triton.loop_launch,
+    blocks={"flash_attention": triton.BLOCKS["flash_attention"]},
+    launch=triton.loop_launch_head_major,
     platforms=("cuda",), interpreted="mosaic_gpu_interpret", forwards=_FORWARDS,
     summary="dot-product forward in Mosaic GPU for Hopper (bf16/f16), Triton backward"))
 TARGETS.add(Target(
     name="mosaic_gpu_interpret", implementation="pallas",
     blocks={"flash_attention": triton.INTERPRET_BLOCKS["flash_attention"]},
-    launch=triton.loop_launch, interpret=True, forwards=_FORWARDS,
+    launch=triton.loop_launch_head_major, interpret=True, forwards=_FORWARDS,
     summary="the same in JAX's Mosaic GPU interpreter (any host; tests)"))

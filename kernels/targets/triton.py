@@ -8,6 +8,8 @@ dk/dv are separate kernels). Triton needs power-of-two blocks of at least 16 row
 
 from __future__ import annotations
 
+import functools
+
 from jax.experimental import pallas as pl
 
 from kernels import launch as launch_lib
@@ -29,26 +31,26 @@ INTERPRET_BLOCKS = {"flash_attention": BlockSizes(block_q=64, block_k=64),
                     "additive_attention": BlockSizes(block_q=64, block_k=64)}
 
 
-def row_spec(block, width):  # a [block, width] slab of [B, H, T, width], grid (row block, b, h)
-  return pl.BlockSpec((None, None, block, width), lambda r, b, h: (b, h, r, 0))
+def row_spec(block, width, layout):  # a [block, width] slab of (b, h), grid (row block, b, h)
+  return pl.BlockSpec(layout.block(block, width), lambda r, b, h: layout.index(b, h, r))
 
 
-def full_spec(T, width):  # the whole [T, width] sequence of (b, h)
-  return pl.BlockSpec((None, None, T, width), lambda r, b, h: (b, h, 0, 0))
+def full_spec(T, width, layout):  # the whole [T, width] sequence of (b, h)
+  return pl.BlockSpec(layout.block(T, width), lambda r, b, h: layout.index(b, h, 0))
 
 
 # Lengths are [B, 1, LANES] rows read as `ref[0, 0]` (see `_common.length_rows`).
 LEN_SPEC = pl.BlockSpec((None, 1, LANES), lambda r, b, h: (b, 0, 0))
 
-# role -> BlockSpec of an operand x (its shape) whose written tile has `block` rows.
+# role -> BlockSpec of an operand x (its shape, in `layout`) whose written tile has `block` rows.
 _SPECS = {
-    launch_lib.ROW: lambda x, block: row_spec(block, x.shape[-1]),
-    launch_lib.OTHER: lambda x, block: full_spec(x.shape[2], x.shape[-1]),
-    launch_lib.HEAD: lambda x, block: pl.BlockSpec((None, 1, x.shape[-1]),
-                                                   lambda r, b, h: (h, 0, 0)),
-    launch_lib.LENGTHS: lambda x, block: LEN_SPEC,
-    launch_lib.BLOCK_ROW: lambda x, block: pl.BlockSpec((None, None, None, 1, x.shape[-1]),
-                                                        lambda r, b, h: (b, h, r, 0, 0)),
+    launch_lib.ROW: lambda x, block, layout: row_spec(block, x.shape[-1], layout),
+    launch_lib.OTHER: lambda x, block, layout: full_spec(layout.dims(x)[2], x.shape[-1], layout),
+    launch_lib.HEAD: lambda x, block, layout: pl.BlockSpec((None, 1, x.shape[-1]),
+                                                           lambda r, b, h: (h, 0, 0)),
+    launch_lib.LENGTHS: lambda x, block, layout: LEN_SPEC,
+    launch_lib.BLOCK_ROW: lambda x, block, layout: pl.BlockSpec(
+        (None, None, None, 1, x.shape[-1]), lambda r, b, h: (b, h, r, 0, 0)),
 }
 
 
@@ -63,17 +65,29 @@ def compiler_params(blocks: BlockSizes, head_dim: int):
   return pl_triton.CompilerParams(num_warps=num_warps, num_stages=blocks.num_stages)
 
 
-def loop_launch(call: launch_lib.Call, inputs, cfg):
-  """The loop launch of `call` (compiled with Triton params unless cfg's target interprets)."""
+def _loop_launch(call: launch_lib.Call, inputs, cfg, *, layout):
+  """The loop launch of `call` on operands in `layout` (compiled with Triton params unless cfg's
+  target interprets)."""
   block = call.written_block
-  B, H = call.out_shapes[0].shape[:2]
+  B, H = layout.dims(call.out_shapes[0])[:2]
   params = None if cfg.interpret else compiler_params(cfg.blocks, call.head_dim)
+  spec = lambda x, r: _SPECS[r](x, block, layout)
   return launch_lib.pallas_call(
       call, inputs, cfg, kernel=call.loop_body(call.read_block),
-      grid=(call.lengths(inputs)[0] // block, B, H),
-      in_specs=[_SPECS[r](x, block) for x, r in zip(inputs, call.inputs)],
-      out_specs=[_SPECS[r](s, block) for s, r in zip(call.out_shapes, call.outputs)],
+      grid=(call.lengths(inputs, layout)[0] // block, B, H),
+      in_specs=[spec(x, r) for x, r in zip(inputs, call.inputs)],
+      out_specs=[spec(s, r) for s, r in zip(call.out_shapes, call.outputs)],
       compiler_params=params)
+
+
+# Token-major: a block (None, rows, None, w) of the public [B, T, H, w] arrays, as JAX's own
+# Triton attention (`pallas/ops/gpu/attention.py`) indexes them: Triton loads a block through
+# strided pointers, so no transpose is needed. Head-major for the Mosaic GPU forward's targets,
+# whose TMA copies take [b, h, rows] slabs (their Triton backward runs on the same operands).
+loop_launch = launch_lib.Launch(
+    functools.partial(_loop_launch, layout=launch_lib.TOKEN_MAJOR), launch_lib.TOKEN_MAJOR)
+loop_launch_head_major = launch_lib.Launch(
+    functools.partial(_loop_launch, layout=launch_lib.HEAD_MAJOR), launch_lib.HEAD_MAJOR)
 
 
 TARGETS.add(Target(
