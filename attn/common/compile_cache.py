@@ -25,6 +25,10 @@ half-written. A compressor without a checksum (zstandard, where installed) then 
 bytes to XLA's deserializer, which aborts the process. So the cache always has a limit,
 MAX_BYTES (least recently used entries are evicted past it), and every read and write holds the
 lock. An entry left short by a killed process fails to decompress and is compiled again.
+The price of the limit: every write scans the directory (JAX sizes it for eviction), so the cost
+of a write grows with the entries. Programs of a second or more stay in the thousands within
+MAX_BYTES; a threshold of 0 with op-by-op work writes tens of thousands of tiny programs, and a
+write then takes seconds (the test suite keeps 0.1 s: tests/conftest.py).
 """
 
 from __future__ import annotations
