@@ -146,3 +146,12 @@ def test_a_rerun_of_an_experiment_loads_its_programs_and_trains_the_same_model(t
   assert r2["bleu"] == r1["bleu"]
   assert (tmp_path / "second" / "predictions.txt").read_text() == (
       tmp_path / "first" / "predictions.txt").read_text()
+
+
+def test_the_suite_leaves_tiny_programs_out_of_its_shared_cache():
+  """Every write to the locked cache scans its directory: caching the tests' tens of thousands of
+  op-by-op programs made late tests up to 50x slower (tests/conftest.py)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") not in (None, "0.1"):
+    pytest.skip("the caller chose its own JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  assert jax.config.jax_persistent_cache_min_compile_time_secs >= 0.1
