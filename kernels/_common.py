@@ -140,15 +140,19 @@ def online_softmax_init(block_q: int, dv: int):
 def online_softmax_update(carry, s, valid, v):
   """Folds one key block into (m, l, acc): Algorithm 1, lines 8-10.
 
-  s: [tq, tk] float32 scores (masked entries may hold anything); valid: [tq, tk] bool;
+  s: [tq, tk] float32 scores (masked entries may hold anything); valid: [tq, tk] bool, or None
+  when every entry is visible (a whole tile: no mask, no `where`);
   v: [tk, dv] values (P is cast to their dtype for the dot; it accumulates in float32).
   Masked entries get p = 0 exactly, so a row that has seen no valid key keeps l = 0.
   """
   m_prev, l_prev, acc_prev = carry
-  s = jnp.where(valid, s, MASK_VALUE)
+  if valid is not None:
+    s = jnp.where(valid, s, MASK_VALUE)
   m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))  # running max m_i
   alpha = jnp.exp(m_prev - m_new)  # rescales what was summed under the old max
-  p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
+  p = jnp.exp(s - m_new[:, None])
+  if valid is not None:
+    p = jnp.where(valid, p, 0.0)
   l_new = alpha * l_prev + jnp.sum(p, axis=-1)
   acc_new = alpha[:, None] * acc_prev + dot(p.astype(v.dtype), v)
   return m_new, l_new, acc_new
@@ -183,10 +187,13 @@ def dot_tn(a, b):  # [k, m]^T @ [k, n]
 def softmax_grad_tile(s, valid, lse, do, v, delta):
   """Algorithm 2: P recomputed from the saved lse, and dS = P ∘ (dP − δ) with dP = dO Vᵀ.
 
-  s: [tq, tk] float32 scores; valid: [tq, tk]; lse, delta: [tq]; do: [tq, dv]; v: [tk, dv].
+  s: [tq, tk] float32 scores; valid: [tq, tk], or None when every entry is visible (then no row
+  is empty); lse, delta: [tq]; do: [tq, dv]; v: [tk, dv].
   Returns (p, ds), both [tq, tk] float32; lse = -inf only on empty rows, where p = 0.
   """
-  p = jnp.where(valid, jnp.exp(s - lse[:, None]), 0.0)
+  p = jnp.exp(s - lse[:, None])
+  if valid is not None:
+    p = jnp.where(valid, p, 0.0)
   return p, p * (dot_nt(do, v) - delta[:, None])
 
 
