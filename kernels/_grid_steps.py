@@ -11,6 +11,9 @@ BlockSpecs and compiler params are the TPU target's (`kernels/targets/tpu.py`).
 
 from __future__ import annotations
 
+import functools
+
+from jax import lax
 from jax import numpy as jnp
 from jax.experimental import pallas as pl
 
@@ -32,6 +35,13 @@ def reduce_steps(scratch_refs, *, visible, accumulate, write):
 
   pl.when(visible)(accumulate)
   pl.when(c == pl.num_programs(3) - 1)(write)
+
+
+def by_mask(whole, step):
+  """A grid step's `accumulate` that runs step(masked=False) where the tile is whole (every row
+  sees every key: no mask, no `where`) and step(masked=True) otherwise: one `lax.cond`."""
+  return lambda: lax.cond(whole, functools.partial(step, masked=False),
+                          functools.partial(step, masked=True))
 
 
 def online_softmax_steps(o_ref, lse_ref, m_ref, l_ref, acc_ref, *, visible, update):
