@@ -1,5 +1,6 @@
-"""The additive kernel's TPU bodies: the "grid" launch (`kernels/launch.py`, `kernels/targets/tpu.py`),
-one [bq, bk] tile per grid step (see `kernels/_grid_steps.py`), refs as in `kernels.additive`.
+"""The additive kernel's TPU bodies, for the "grid" launch (`kernels/launch.py`,
+`kernels/targets/tpu.py`): one [bq, bk] tile per grid step (see `kernels/_grid_steps.py`), refs
+as in `kernels.additive`.
 
 Tile layout. A tanh slab of a d_attn slice is [bd, bq, bk]: keys on the 128 lanes, queries on the
 sublanes, the d_attn slice along the leading (untiled) axis. The score's reduction over d_attn
@@ -7,9 +8,9 @@ is then a sum of whole vregs (no cross-lane or cross-sublane reduction), each sl
 for any block_d (the GPU layout [bq, bk, bd] puts bd on the lanes: block_d = 8 filled 8 of 128),
 and the softmax tiles [bq, bk] come out in the layout of the dot-product kernel's. The operands
 arrive [rows, d_attn] (rows on sublanes); one 2-D transpose per step gives the [d_attn, rows]
-form whose slices broadcast into a slab. The backward's reductions run over the sublanes for dk
-and dv (Σ_i) and over the lanes for dq (Σ_j); their accumulators are kept transposed,
-[d_attn, rows], and transposed back once, when written.
+form (kept in scratch) whose slices broadcast into a slab. The backward's reductions run over
+the sublanes for dk and dv (Σ_i) and over the lanes for dq (Σ_j); their accumulators are kept
+transposed, [d_attn, rows], and transposed back once, when written.
 
 tanh once per slice. The backward needs every slab twice, for the score (before dS exists) and
 for the gradients (after), so the dq and dk/dv bodies stash the step's slabs in VMEM scratch

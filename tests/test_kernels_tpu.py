@@ -153,6 +153,35 @@ def test_tpu_vmem_stays_per_tile_at_16k(kernel):
     assert _pipeline_vmem(eqn) <= V5E_SCOPED_VMEM // 4, (kernel, _pipeline_vmem(eqn))
 
 
+def _additive_tile_vmem(eqn, block_d=8):
+  """Estimated VMEM of an additive TPU kernel: its pipeline (`_pipeline_vmem`, the stash of the
+  backward's tanh slabs included) plus the step's temporaries, taken as three [block_d, bq, bk]
+  float32 slabs (the sum's operands and result) and six [bq, bk] float32 tiles (S, P, dP, dS,
+  the mask and a product)."""
+  q_block, k_block = eqn.params["grid_mapping"].block_mappings[:2]  # every kernel: q, k first
+  bq, bk = q_block.transformed_block_aval.shape[-2], k_block.transformed_block_aval.shape[-2]
+  return (_pipeline_vmem(eqn) + 3 * _vmem_bytes((block_d, bq, bk), jnp.float32)
+          + 6 * _vmem_bytes((bq, bk), jnp.float32))
+
+
+def test_additive_tpu_tiles_fit_scoped_vmem():
+  """The additive kernel's TPU tiles (64 x 128, backward 32 x 128, block_d 8), bf16, T = 16k:
+  each kernel's estimate stays within v5e's scoped VMEM for d_attn up to 512, and the figures
+  are pinned (the backward's stash, [d_attn, 32, 128] float32, is 4 MiB at d_attn = 256 and
+  dropped above it: its slabs are then formed twice). libtpu compiles these (the opt-in test)."""
+  T, got = 16384, {}
+  for d_attn in (128, 256, 512):
+    f, args, name, _ = _BUILDS["additive"](d_attn, jnp.bfloat16, Tq=T, Tk=T)
+    calls = _tpu_kernels(_with_grad(f, len(args)), *args, *_LENGTHS)
+    for kernel, eqn in calls.items():
+      got[kernel.rsplit("_", 1)[1], d_attn] = _additive_tile_vmem(eqn)
+  assert max(got.values()) <= V5E_SCOPED_VMEM, got
+  assert {k: round(v / 2**20, 2) for k, v in got.items()} == {  # MiB
+      ("fwd", 128): 1.49, ("fwd", 256): 1.78, ("fwd", 512): 2.36,
+      ("dq", 128): 2.98, ("dq", 256): 5.33, ("dq", 512): 2.03,
+      ("dkv", 128): 3.22, ("dkv", 256): 5.69, ("dkv", 512): 2.62}, got
+
+
 @pytest.mark.parametrize("kernel", ["dot", "additive"])
 def test_tpu_grid_semantics(kernel):
   """Grid (b, h, written block, read block): the last axis reduces into scratch ("arbitrary"),
@@ -195,7 +224,9 @@ _TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "loca
 
 # Beyond CASES: T = 16k, bf16, d = 128, forward + backward (holding a whole sequence in VMEM,
 # both kernels' dk/dv backward ran out of v5e's 16 MiB scoped VMEM).
-LONG_CASES = [("dot", 128, jnp.bfloat16, True, 16384), ("additive", 128, jnp.bfloat16, True, 16384)]
+# The additive kernel also at d_attn = 256 (its backward's tanh stash at 4 MiB) and 512 (no stash).
+LONG_CASES = [("dot", 128, jnp.bfloat16, True, 16384)] + [
+    ("additive", d, jnp.bfloat16, True, 16384) for d in (128, 256, 512)]
 
 
 def _aot_compile_all():

@@ -30,11 +30,12 @@ from kernels.targets.base import TARGETS, Target
 # to amortize the fixed cost of each grid step; the backward's tiles are halved since it keeps
 # four [bq, bk] float32 tiles (S, P, dP, dS) live. Every d up to 256 in float32 compiles within
 # v5e's 16 MiB of scoped VMEM at T = 16k (libtpu, deviceless); untimed on a TPU.
-# Additive: a tanh slab is [block_d, bq, bk] with the keys on the lanes (`kernels/_additive_tpu.py`),
-# so block_k = 128 fills the lanes and block_d is free (8: a [8, 64, 128] float32 slab is 64 of
-# the 64 vregs); a step forms bq·bk·d_attn tanh, 4x the 32 x 32 tiles' work per fixed step cost.
-# The backward's bq is halved for its stash of the step's slabs, [d_attn, bq, bk] float32: 4 MiB
-# at d_attn = 256. VMEM estimated and pinned in tests/test_kernels_additive.py; compiled for v5e.
+# Additive: a tanh slab is [block_d, bq, bk] with the keys on the lanes
+# (`kernels/_additive_tpu.py`), so block_k = 128 fills them whatever block_d (8: a [8, 64, 128]
+# float32 slab is the 64 vregs); a step forms bq·bk·d_attn tanh, 8x the old 32 x 32 tiles' work
+# for the same fixed cost per step. The backward's bq is halved for its stash of the step's
+# slabs, [d_attn, bq, bk] float32: 4 MiB at d_attn = 256. VMEM estimated and pinned, and every
+# d_attn up to 512 compiled for v5e at T = 16k, in tests/test_kernels_tpu.py; untimed on a TPU.
 BLOCKS = {
     "flash_attention": BlockSizes(block_q=512, block_k=512, block_q_bwd=256, block_k_bwd=256),
     "additive_attention": BlockSizes(block_q=64, block_k=128, block_q_bwd=32, block_k_bwd=128,
