@@ -337,3 +337,36 @@ def test_tanh_passes_per_tile(request):
   # GPU bodies: one slice held in registers (block_d = d_attn); several formed twice.
   assert _tanh_passes("interpret", one) == {"fwd": 1, "dq": 1, "dkv": 1}
   assert _tanh_passes("interpret", slices) == {"fwd": 1, "dq": 2, "dkv": 2}
+
+
+def _selects(jaxpr):
+  """select_n equations (a mask's `where`) in `jaxpr`, nested ones included."""
+  return sum(e.primitive.name == "select_n" or
+             sum(_selects(getattr(s, "jaxpr", s)) for s in jax.extend.core.jaxprs_in_params(
+                 e.params)) for e in jaxpr.eqns)
+
+
+@pytest.mark.parametrize("target", ["interpret", "tpu_interpret"])
+def test_whole_tiles_skip_the_mask(target):
+  """Each kernel has a tile path without the mask's `where`s: a loop over whole tiles (GPU
+  bodies: forward and dq 1 of 2 loops, dk/dv 1 of 3) or a cond branch (TPU bodies)."""
+  blocks = kernels.BlockSizes(block_q=16, block_k=16, block_d=8)
+  x = lambda w: jax.ShapeDtypeStruct((1, 48, 1, w), jnp.float32)
+  f = lambda qp, kp, w, val: aa.additive_attention(
+      qp, kp, w, val, causal=True, implementation="pallas", target=target,
+      block_sizes=blocks).sum()
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2, 3)))(
+      x(16), x(16), jax.ShapeDtypeStruct((1, 16), jnp.float32), x(16))
+  for e in test_kernels_tpu.pallas_calls(jaxpr.jaxpr, "cpu"):
+    body = e.params["jaxpr"]
+    loops = list(_tile_loops(body))
+    if target == "interpret":
+      paths = loops
+      assert len(loops) == (3 if e.params["name"].endswith("dkv") else 2)
+    else:
+      paths = [b.jaxpr for c in body.eqns if c.primitive.name == "cond"
+               for b in c.params["branches"]]
+      paths += [b.jaxpr for p in list(paths) for c in p.eqns if c.primitive.name == "cond"
+                for b in c.params["branches"]]
+    assert sum(_selects(p) == 0 and _path_tanh(p) > 0 for p in paths) >= 1, e.params["name"]
+    assert any(_selects(p) > 0 and _path_tanh(p) > 0 for p in paths), e.params["name"]
