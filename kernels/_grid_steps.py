@@ -11,6 +11,9 @@ BlockSpecs and compiler params are the TPU target's (`kernels/targets/tpu.py`).
 
 from __future__ import annotations
 
+import functools
+
+from jax import lax
 from jax import numpy as jnp
 from jax.experimental import pallas as pl
 
@@ -34,14 +37,28 @@ def reduce_steps(scratch_refs, *, visible, accumulate, write):
   pl.when(c == pl.num_programs(3) - 1)(write)
 
 
+def by_mask(whole, step):
+  """A grid step's `accumulate` that runs step(masked=False) where the tile is whole (every row
+  sees every key: no mask, no `where`) and step(masked=True) otherwise: one `lax.cond`."""
+  return lambda: lax.cond(whole, functools.partial(step, masked=False),
+                          functools.partial(step, masked=True))
+
+
 def online_softmax_steps(o_ref, lse_ref, m_ref, l_ref, acc_ref, *, visible, update):
-  """The forward's reduction: the online-softmax state (m, l [bq, 1], acc [bq, dv]) lives in
+  """The forward's reduction: the online-softmax state (m, l [bq, LANES], acc [bq, dv]) lives in
   scratch from c = 0; visible steps fold a key tile in with `update((m, l, acc)) -> (m, l, acc)`
-  ([bq] vectors); the last c writes out = acc / l and lse (see `_common.finish_softmax`)."""
+  ([bq] vectors); the last c writes out = acc / l and lse (see `_common.finish_softmax`).
+
+  m and l are kept lane-replicated, each row's value in all 128 lanes, as JAX's TPU flash
+  attention keeps them ([block_q, MIN_BLOCK_SIZE]): a [bq, 1] buffer takes the same VMEM (a
+  column pads to whole (8, 128) tiles) but is stored with one-lane masked stores and read back
+  through a relayout; the replicated rows store whole vregs and read back as a column."""
   c = pl.program_id(3)
 
   def store(m, l, acc):
-    m_ref[...], l_ref[...], acc_ref[...] = m[:, None], l[:, None], acc
+    m_ref[...] = jnp.broadcast_to(m[:, None], m_ref.shape)
+    l_ref[...] = jnp.broadcast_to(l[:, None], l_ref.shape)
+    acc_ref[...] = acc
 
   @pl.when(c == 0)
   def _init():

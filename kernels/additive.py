@@ -15,6 +15,21 @@ ever written. The backward pass recomputes each tile from the saved log-sum-exp:
 in a dq kernel (grid over query blocks) and a dk/dvalues/dv kernel (grid over key blocks); the
 dv partial sums come out per key block and are added in XLA (no atomics).
 
+tanh passes (formations of the Tq·Tk·d_attn tanh elements, causal halves aside). The forward
+forms each once. A backward kernel needs each slice twice, for the score (dS needs all of it)
+and then for its gradients, and formed it twice in both kernels: 1 + 2 + 2 = 5 passes. Now a
+kernel forms a slice once wherever the tile's slices stay on chip until dS is known:
+- TPU (`kernels/_additive_tpu.py`): the dq and dk/dv bodies stash the step's tanh slabs in VMEM
+  scratch (up to `_additive_tpu.STASH_BYTES`: d_attn <= 256 at the TPU tiles): 1 + 1 + 1 = 3.
+- Triton: no scratch, and registers hold one [bq, bk, block_d] slice (64 floats a thread at
+  32 x 32 x 8), not d_attn / block_d of them: a slice is held only when it is all of d_attn
+  (block_d >= d_attn: 3 passes); otherwise 5, as before.
+The fewest passes, one for the whole backward, need one kernel to form each tile's tanh for dq
+and dk/dv together: without atomics its dq contributions must leave as partial sums per key
+block, [B, H, Tk / bk, Tq, d_attn] in HBM (at T = 16k, d_attn = 128, bk = 128 that is 1 GiB a
+(batch, head)): the two kernels keep the backward at O(T) memory instead. tests count the tanh
+elements of each kernel body's tile (tests/test_kernels_additive.py).
+
 Layout, masks, dtypes and fully-masked rows as in `kernels.flash_attention`: `[B, T, H, ·]`,
 key j visible to query i when j < key_lengths[b], i < query_lengths[b] and (causal) j <= i; a row
 with no visible key returns zeros, lse -inf, zero gradients. tanh, scores, softmax and
@@ -31,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _grid_steps, _skeleton, launch
+from kernels import _additive_tpu, _common, _skeleton, launch
 from kernels._common import BlockSizes, positions
 from kernels.launch import BLOCK_ROW, HEAD, LENGTHS, OTHER, ROW
 from kernels.targets import AUTO
@@ -56,26 +71,38 @@ def _tile_chunks(x_ref, w_ref, block_d):
           [w_ref[0, sl].astype(_F32) for sl in slices])
 
 
-def _score_tile(q_chunks, k_chunks, w_chunks):
-  """e = Σ_a w_a tanh(q_ia + k_ja) for one [bq, bk] tile, summed over d_attn slices."""
+def _score_tile(q_chunks, k_chunks, w_chunks, tanhs=None):
+  """e = Σ_a w_a tanh(q_ia + k_ja) for one [bq, bk] tile, summed over d_attn slices (from the
+  slices' tanh tiles when given)."""
+  tanhs = tanhs or [_tanh_tile(qc, kc) for qc, kc in zip(q_chunks, k_chunks)]
   s = None
-  for qc, kc, wc in zip(q_chunks, k_chunks, w_chunks):
-    part = jnp.sum(_tanh_tile(qc, kc) * wc[None, None, :], axis=2)
+  for h, wc in zip(tanhs, w_chunks):
+    part = jnp.sum(h * wc[None, None, :], axis=2)
     s = part if s is None else s + part
   return s
 
 
+def _tile_valid(i, block_q, j, block_k, lengths, causal, masked):
+  """The [bq, bk] mask of tile (i, j), or None for a whole tile (`_common.valid_mask`)."""
+  if not masked:
+    return None
+  return _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
+
+
 # ----------------------------------------------------------------------------------------------
-# Tiles shared by the GPU bodies (a loop over the other sequence) and the TPU bodies (one step of
-# the grid's reduction axis): *args = (q_chunks, k_chunks, w_chunks, val, do, lse, delta, valid).
+# Tiles of the GPU bodies (a loop over the other sequence; the TPU bodies, one step of the grid's
+# reduction axis, are `kernels/_additive_tpu.py`): *args = (q_chunks, k_chunks, w_chunks, val,
+# do, lse, delta, valid), valid None on a whole tile.
 
 
 def _grad_tile(q_chunks, k_chunks, w_chunks, val, do, lse, delta, valid):
   """One tile's backward: (P, dS, tanh tiles), P and dS [bq, bk] (Algorithm 2), a tanh tile
-  [bq, bk, block_d] per d_attn slice."""
-  s = _score_tile(q_chunks, k_chunks, w_chunks)
+  [bq, bk, block_d] per d_attn slice: held from the score when d_attn is one slice, else formed
+  again (registers hold one slice; see the module docstring)."""
+  held = [_tanh_tile(q_chunks[0], k_chunks[0])] if len(q_chunks) == 1 else None
+  s = _score_tile(q_chunks, k_chunks, w_chunks, held)
   p, ds = _common.softmax_grad_tile(s, valid, lse, do, val, delta)
-  return p, ds, [_tanh_tile(qc, kc) for qc, kc in zip(q_chunks, k_chunks)]
+  return p, ds, held or [_tanh_tile(qc, kc) for qc, kc in zip(q_chunks, k_chunks)]
 
 
 def _dq_tile(*args):
@@ -93,6 +120,37 @@ def _dkv_tile(*args):
           _common.dot_tn(p.astype(do.dtype), do))
 
 
+# Each loop over the other sequence runs as consecutive fori_loops over its whole and masked
+# ranges of blocks (`_common.whole_key_blocks` / `whole_query_blocks`): whole tiles skip the
+# mask and its `where`s (FlashAttention-3's split).
+
+
+def _split_loops(body, init, *ranges):
+  """`lax.fori_loop`s of body(index, carry, masked) over consecutive (lo, hi, masked) ranges."""
+  carry = init
+  for lo, hi, masked in ranges:
+    carry = lax.fori_loop(lo, hi, functools.partial(body, masked=masked), carry)
+  return carry
+
+
+def _key_ranges(i, block_q, block_k, lengths, causal):
+  """The key blocks query block i visits: whole [0, n_whole), then masked [n_whole, n)."""
+  n = _common.num_key_blocks(i, block_q, block_k, *lengths, causal)
+  n_whole = jnp.minimum(_common.whole_key_blocks(i, block_q, block_k, *lengths, causal), n)
+  return (0, n_whole, False), (n_whole, n, True)
+
+
+def _query_ranges(j, block_q, block_k, lengths, causal):
+  """The query blocks that see key block j: masked [lo, wlo), whole [wlo, whi), masked [whi, hi)
+  (the whole ones clipped into `query_block_range`)."""
+  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
+  hi = jnp.maximum(hi, lo)
+  wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)
+  wlo = jnp.clip(wlo, lo, hi)
+  whi = jnp.clip(whi, wlo, hi)
+  return (lo, wlo, True), (wlo, whi, False), (whi, hi, True)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU kernel bodies (refs as in flash_attention: 2-D per (batch, head); w_ref is v's [d_attn] row).
 
@@ -101,18 +159,17 @@ def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, blo
   o_ref, lse_ref = refs[-2:]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
-  q_pos = positions(i, block_q)
 
-  def body(j, carry):
+  def body(j, carry, masked):
     rows = pl.ds(j * block_k, block_k)
     s = _score_tile(q_chunks, [k_ref[rows, sl] for sl in slices], w_chunks)  # [bq, bk]
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
+    valid = _tile_valid(i, block_q, j, block_k, lengths, causal, masked)
     return _common.online_softmax_update(carry, s, valid, val_ref[rows, :])
 
-  n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
-  carry = lax.fori_loop(0, n, body, _common.online_softmax_init(block_q, val_ref.shape[-1]))
+  carry = _split_loops(body, _common.online_softmax_init(block_q, val_ref.shape[-1]),
+                       *_key_ranges(i, block_q, block_k, lengths, causal))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse[:, None]
@@ -123,21 +180,19 @@ def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref,
   dq_ref = refs[-1]
   block_q = q_ref.shape[0]
   i = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
   do, lse, delta = do_ref[...], lse_ref[:, 0], delta_ref[:, 0]
-  q_pos = positions(i, block_q)
 
-  def body(j, dq_chunks):
+  def body(j, dq_chunks, masked):
     rows = pl.ds(j * block_k, block_k)
-    valid = _common.valid_mask(q_pos, positions(j, block_k), key_length, query_length, causal)
+    valid = _tile_valid(i, block_q, j, block_k, lengths, causal, masked)
     parts = _dq_tile(q_chunks, [k_ref[rows, sl] for sl in slices], w_chunks, val_ref[rows, :],
                      do, lse, delta, valid)
     return tuple(acc + part for acc, part in zip(dq_chunks, parts))
 
-  n = _common.num_key_blocks(i, block_q, block_k, key_length, query_length, causal)
   init = tuple(jnp.zeros((block_q, block_d), _F32) for _ in slices)
-  dq_chunks = lax.fori_loop(0, n, body, init)
+  dq_chunks = _split_loops(body, init, *_key_ranges(i, block_q, block_k, lengths, causal))
   for sl, wc, acc in zip(slices, w_chunks, dq_chunks):
     dq_ref[:, sl] = (acc * wc[None, :]).astype(dq_ref.dtype)
 
@@ -147,15 +202,14 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
   dk_ref, dval_ref, dw_ref = refs[-3:]
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
-  key_length, query_length = kl_ref[0, 0], ql_ref[0, 0]
+  lengths = kl_ref[0, 0], ql_ref[0, 0]
   slices, k_chunks, w_chunks = _tile_chunks(k_ref, w_ref, block_d)
   val = val_ref[...]
-  k_pos = positions(j, block_k)
 
-  def body(i, carry):
+  def body(i, carry, masked):
     dk_chunks, dw_chunks, dval = carry
     rows = pl.ds(i * block_q, block_q)
-    valid = _common.valid_mask(positions(i, block_q), k_pos, key_length, query_length, causal)
+    valid = _tile_valid(i, block_q, j, block_k, lengths, causal, masked)
     dk_parts, dw_parts, dval_part = _dkv_tile(
         [q_ref[rows, sl].astype(_F32) for sl in slices], k_chunks, w_chunks, val,
         do_ref[rows, :], lse_ref[rows, 0], delta_ref[rows, 0], valid)
@@ -164,88 +218,12 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
 
   init = (tuple(jnp.zeros((block_k, block_d), _F32) for _ in slices),
           tuple(jnp.zeros((block_d,), _F32) for _ in slices), jnp.zeros(val.shape, _F32))
-  lo, hi = _common.query_block_range(j, block_q, block_k, key_length, query_length, causal)
-  dk_chunks, dw_chunks, dval = lax.fori_loop(lo, hi, body, init)
+  dk_chunks, dw_chunks, dval = _split_loops(
+      body, init, *_query_ranges(j, block_q, block_k, lengths, causal))
   for sl, wc, dk_c, dw_c in zip(slices, w_chunks, dk_chunks, dw_chunks):
     dk_ref[:, sl] = (dk_c * wc[None, :]).astype(dk_ref.dtype)
     dw_ref[0, sl] = dw_c
   dval_ref[...] = dval.astype(dval_ref.dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py and flash_attention's): one tile per
-# step, accumulating in VMEM scratch (refs after the outputs); masked steps compute nothing.
-
-
-def _fwd_tpu_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, block_d):
-  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
-  i, j = pl.program_id(2), pl.program_id(3)
-  lengths = kl_ref[0, 0], ql_ref[0, 0]
-
-  def update(carry):
-    slices, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
-    s = _score_tile(q_chunks, [k_ref[:, sl] for sl in slices], w_chunks)  # [bq, bk]
-    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
-    return _common.online_softmax_update(carry, s, valid, val_ref[...])
-
-  _grid_steps.online_softmax_steps(
-      *refs[-5:], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
-      update=update)
-
-
-def _dq_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref,
-                   *refs, causal, block_d):
-  dq_ref, acc_ref = refs[-2:]
-  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
-  i, j = pl.program_id(2), pl.program_id(3)
-  lengths = kl_ref[0, 0], ql_ref[0, 0]
-  slices = _chunks(q_ref.shape[1] // block_d, block_d)
-
-  def accumulate():
-    _, q_chunks, w_chunks = _tile_chunks(q_ref, w_ref, block_d)
-    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
-    parts = _dq_tile(q_chunks, [k_ref[:, sl] for sl in slices], w_chunks, val_ref[...],
-                     do_ref[...], lse_ref[:, 0], delta_ref[:, 0], valid)
-    for sl, part in zip(slices, parts):
-      acc_ref[:, sl] += part
-
-  def write():
-    for sl in slices:
-      dq_ref[:, sl] = (acc_ref[:, sl] * w_ref[0, sl].astype(_F32)[None, :]).astype(dq_ref.dtype)
-
-  _grid_steps.reduce_steps(
-      [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
-      accumulate=accumulate, write=write)
-
-
-def _dkv_tpu_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref,
-                    *refs, causal, block_d):
-  dk_ref, dval_ref, dw_ref, dk_acc, dval_acc, dw_acc = refs[-6:]
-  block_q, block_k = q_ref.shape[0], k_ref.shape[0]
-  j, i = pl.program_id(2), pl.program_id(3)  # key block written, query block read
-  lengths = kl_ref[0, 0], ql_ref[0, 0]
-  slices = _chunks(k_ref.shape[1] // block_d, block_d)
-
-  def accumulate():
-    _, k_chunks, w_chunks = _tile_chunks(k_ref, w_ref, block_d)
-    valid = _common.valid_mask(positions(i, block_q), positions(j, block_k), *lengths, causal)
-    dk_parts, dw_parts, dval_part = _dkv_tile(
-        [q_ref[:, sl].astype(_F32) for sl in slices], k_chunks, w_chunks, val_ref[...],
-        do_ref[...], lse_ref[:, 0], delta_ref[:, 0], valid)
-    for sl, dk_part, dw_part in zip(slices, dk_parts, dw_parts):
-      dk_acc[:, sl] += dk_part
-      dw_acc[0, sl] += dw_part
-    dval_acc[...] += dval_part
-
-  def write():
-    for sl in slices:
-      dk_ref[:, sl] = (dk_acc[:, sl] * w_ref[0, sl].astype(_F32)[None, :]).astype(dk_ref.dtype)
-    dw_ref[...] = dw_acc[...]
-    dval_ref[...] = dval_acc[...].astype(dval_ref.dtype)
-
-  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  _grid_steps.reduce_steps([dk_acc, dval_acc, dw_acc], visible=(lo <= i) & (i < hi),
-                    accumulate=accumulate, write=write)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,8 +245,8 @@ def _forward(qp, kp, val, w, kl, ql, cfg: _skeleton.Config):
       inputs=(ROW, OTHER, HEAD, OTHER, LENGTHS, LENGTHS), outputs=(ROW, ROW),
       out_shapes=_common.forward_outputs(qp, val),
       loop_body=lambda br: functools.partial(_fwd_kernel, block_k=br, **kw),
-      grid_body=functools.partial(_fwd_tpu_kernel, **kw), head_dim=dv,
-      grid_scratch=((bq, 1), (bq, 1), (bq, dv)),
+      grid_body=functools.partial(_additive_tpu.fwd_kernel, **kw), head_dim=dv,
+      grid_scratch=_additive_tpu.fwd_scratch(bq, bk, da, dv),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk * (da + 1),
                                     bytes_accessed=nbytes))
   out, lse = cfg.target.launch(
@@ -281,6 +259,7 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
   Tk, dv = cfg.layout.dims(kp)[2], val.shape[-1]
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   kw = dict(causal=cfg.causal, block_d=cfg.blocks.block_d)
+  tpu_kw = dict(kw, stash=_additive_tpu.stash_shape(bq, bk, da) is not None)
   inputs = (qp, kp, w[:, None, :], val, do, lse[..., None], delta[..., None],
             _common.length_rows(kl), _common.length_rows(ql))
   (dq,) = cfg.target.launch(launch.Call(
@@ -288,8 +267,8 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
       inputs=(ROW, OTHER, HEAD, OTHER, ROW, ROW, ROW, LENGTHS, LENGTHS), outputs=(ROW,),
       out_shapes=(jax.ShapeDtypeStruct(qp.shape, qp.dtype),),
       loop_body=lambda br: functools.partial(_dq_kernel, block_k=br, **kw),
-      grid_body=functools.partial(_dq_tpu_kernel, **kw), head_dim=dv,
-      grid_scratch=((bq, da),)), inputs, cfg)
+      grid_body=functools.partial(_additive_tpu.dq_kernel, **tpu_kw), head_dim=dv,
+      grid_scratch=_additive_tpu.dq_scratch(bq, bk, da)), inputs, cfg)
   dk, dval, dw_parts = cfg.target.launch(launch.Call(
       "additive_attention_dkv", writes="k", block_q=bq, block_k=bk, causal=cfg.causal,
       inputs=(OTHER, ROW, HEAD, ROW, OTHER, OTHER, OTHER, LENGTHS, LENGTHS),
@@ -298,8 +277,8 @@ def _backward(qp, kp, val, w, do, lse, delta, kl, ql, cfg: _skeleton.Config):
                   jax.ShapeDtypeStruct(val.shape, val.dtype),
                   jax.ShapeDtypeStruct((B, H, Tk // bk, 1, da), _F32)),  # dv: a row per key block
       loop_body=lambda br: functools.partial(_dkv_kernel, block_q=br, **kw),
-      grid_body=functools.partial(_dkv_tpu_kernel, **kw), head_dim=dv,
-      grid_scratch=((bk, da), (bk, dv), (1, da))), inputs, cfg)
+      grid_body=functools.partial(_additive_tpu.dkv_kernel, **tpu_kw), head_dim=dv,
+      grid_scratch=_additive_tpu.dkv_scratch(bq, bk, da, dv)), inputs, cfg)
   dw = jnp.sum(dw_parts, axis=(0, 2, 3))  # [H, d_attn]: v is shared by the batch and key blocks
   return dq, dk, dval, dw.astype(w.dtype)
 

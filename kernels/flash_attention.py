@@ -294,7 +294,7 @@ def _forward(q, k, v, theta, kl, ql, cfg: _skeleton.Config):
       out_shapes=_common.forward_outputs(q, v),
       loop_body=lambda br: functools.partial(_fwd_kernel, block_k=br, **kw),
       grid_body=functools.partial(_fwd_tpu_kernel, **kw), head_dim=d,
-      grid_scratch=((bq, 1), (bq, 1), (bq, dv)),
+      grid_scratch=((bq, _common.LANES), (bq, _common.LANES), (bq, dv)),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=B * H * Tq * Tk,
                                     bytes_accessed=nbytes))
   out, lse = cfg.target.launch(

@@ -132,17 +132,23 @@ class Call:
 
 
 def pallas_call(call: Call, inputs, cfg, *, kernel, grid, in_specs, out_specs,
-                scratch_shapes=(), compiler_params=None):
+                scratch_shapes=(), compiler_params=None, prefetch=()):
   """pallas_call of a built launch; with cfg.poison, outputs start as NaN buffers aliased to
-  extra inputs (an element the kernel fails to write shows as NaN). Returns the outputs."""
+  extra inputs (an element the kernel fails to write shows as NaN). Returns the outputs.
+  prefetch: scalar operands passed ahead of `inputs` to the index maps and the kernel (Mosaic
+  TPU's scalar prefetch, `pltpu.PrefetchScalarGridSpec`); () for a plain grid."""
   extra, aliases = [], {}
   if cfg.poison:
     extra = [jnp.full(s.shape, jnp.nan, s.dtype) for s in call.out_shapes]
-    aliases = {len(inputs) + n: n for n in range(len(call.out_shapes))}
+    aliases = {len(prefetch) + len(inputs) + n: n for n in range(len(call.out_shapes))}
+  specs = dict(grid=grid, in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []),
+               out_specs=list(out_specs), scratch_shapes=tuple(scratch_shapes))
+  if prefetch:
+    from jax.experimental.pallas import tpu as pltpu  # only the TPU launch prefetches
+    specs = dict(grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(prefetch),
+                                                        **specs))
   return tuple(pl.pallas_call(
-      kernel, out_shape=list(call.out_shapes), grid=grid,
-      in_specs=list(in_specs) + (list(out_specs) if cfg.poison else []),
-      out_specs=list(out_specs), scratch_shapes=tuple(scratch_shapes),
-      input_output_aliases=aliases, interpret=cfg.interpret, name=call.name,
-      compiler_params=compiler_params, cost_estimate=call.cost_estimate,
-  )(*inputs, *extra))
+      kernel, out_shape=list(call.out_shapes), input_output_aliases=aliases,
+      interpret=cfg.interpret, name=call.name, compiler_params=compiler_params,
+      cost_estimate=call.cost_estimate, **specs,
+  )(*prefetch, *inputs, *extra))

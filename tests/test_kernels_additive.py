@@ -9,7 +9,10 @@ interpreter (INTERPRET = pltpu.InterpretParams(), a subset of the suite).
 
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,7 +20,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 import kernel_cases as kc
 import kernels
+import test_kernels_tpu
 from kernel_cases import Case
+from kernels import _additive_tpu
 from kernels import additive as aa
 
 # d is d_attn here.
@@ -236,3 +241,132 @@ def test_bad_input_is_refused(kwargs, match):
   arrays = [args.pop(n) for n in ("q_proj", "k_proj", "v_vec", "values")]
   with pytest.raises(ValueError, match=match):
     aa.additive_attention(*arrays, **args)
+
+
+# ----------------------------------------------------------------------------------------------
+# The TPU bodies' paths on JAX's TPU interpreter: whole tiles (no mask) and masked ones, with the
+# backward's stash of tanh slabs and without it (formed twice), several d_attn slices.
+
+
+@pytest.fixture
+def no_stash(monkeypatch):
+  """The TPU backward bodies without their stash (traces cached either way are dropped)."""
+  monkeypatch.setattr(_additive_tpu, "STASH_BYTES", 0)
+  jax.clear_caches()
+  yield
+  monkeypatch.undo()
+  jax.clear_caches()
+
+
+@pytest.mark.parametrize("stash", [True, False], ids=["stash", "no_stash"])
+def test_tpu_whole_and_masked_tiles(stash, request):
+  if not stash:
+    request.getfixturevalue("no_stash")
+  # 3 x 3 tiles of 16, causal: batch 0 (full lengths) has whole tiles below the diagonal.
+  case = Case("whole", B=2, Tq=48, Tk=48, H=1, d=32, dv=16, causal=True, key_lengths=(48, 30),
+              query_lengths=(48, 41))
+  qp, kp, w, val, kl, ql = kc.additive_inputs(case, jnp.float32)
+  run = lambda *a: aa.additive_attention_with_lse(
+      *a, key_lengths=kl, query_lengths=ql, causal=True, implementation="pallas",
+      interpret=pltpu.InterpretParams(),
+      block_sizes=kernels.BlockSizes(block_q=16, block_k=16, block_d=8))
+  ref = reference(case, qp, kp, w, val, kl, ql)
+  got = (*run(qp, kp, w, val), *kc.loss_and_grads(run, (qp, kp, w, val), *kc.cotangents(case)))
+  for name, x, want in zip(("out", "lse", "dq_proj", "dk_proj", "dv_vec", "dvalues"), got, ref):
+    np.testing.assert_allclose(np.asarray(x), want, atol=5e-5, rtol=1e-5, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# tanh passes: the tanh elements each kernel body forms per tile, from its jaxpr, in units of a
+# tile's bq·bk·d_attn (see the module docstring of kernels/additive.py: 5 passes before).
+
+
+def _path_tanh(jaxpr):
+  """tanh elements one run of `jaxpr` forms (a cond: its largest branch; a scan: length times)."""
+  n = 0
+  for e in jaxpr.eqns:
+    if e.primitive.name == "tanh":
+      n += math.prod(e.outvars[0].aval.shape)
+    elif e.primitive.name == "cond":
+      n += max(_path_tanh(b.jaxpr) for b in e.params["branches"])
+    elif e.primitive.name == "scan":
+      n += e.params["length"] * _path_tanh(e.params["jaxpr"].jaxpr)
+    else:
+      n += sum(_path_tanh(getattr(s, "jaxpr", s)) for s in jax.extend.core.jaxprs_in_params(
+          e.params))
+  return n
+
+
+def _tile_loops(jaxpr):
+  """The bodies of the `while` loops (a loop body's fori_loops over tiles) in `jaxpr`."""
+  for e in jaxpr.eqns:
+    if e.primitive.name == "while":
+      yield e.params["body_jaxpr"].jaxpr
+    else:
+      for s in jax.extend.core.jaxprs_in_params(e.params):
+        yield from _tile_loops(getattr(s, "jaxpr", s))
+
+
+def _tanh_passes(target, blocks, d_attn=32):
+  """{kernel: tanh elements per tile / (bq·bk·d_attn)} of the forward and backward kernels."""
+  T = 64
+  x = lambda w: jax.ShapeDtypeStruct((1, T, 1, w), jnp.float32)
+  f = lambda qp, kp, w, val: aa.additive_attention(
+      qp, kp, w, val, causal=True, implementation="pallas", target=target,
+      block_sizes=blocks).sum()
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2, 3)))(
+      x(d_attn), x(d_attn), jax.ShapeDtypeStruct((1, d_attn), jnp.float32), x(16))
+  passes = {}
+  for e in test_kernels_tpu.pallas_calls(jaxpr.jaxpr, "cpu"):
+    body = e.params["jaxpr"]
+    loops = list(_tile_loops(body))  # loop launch: one tile per iteration; grid: per step
+    per_tile = max(map(_path_tanh, loops)) if loops else _path_tanh(body)
+    bq, bk = (blocks.block_q, blocks.block_k) if e.params["name"].endswith("fwd") else (
+        blocks.bwd_q, blocks.bwd_k)
+    passes[str(e.params["name"]).rsplit("_", 1)[1]] = per_tile / (bq * bk * d_attn)
+  return passes
+
+
+def test_tanh_passes_per_tile(request):
+  slices = kernels.BlockSizes(block_q=16, block_k=32, block_d=8)  # 4 slices of d_attn = 32
+  one = kernels.BlockSizes(block_q=16, block_k=32, block_d=32)
+  # TPU bodies: each slab formed once per kernel (stashed); 2 where the stash does not fit.
+  assert _tanh_passes("tpu_interpret", slices) == {"fwd": 1, "dq": 1, "dkv": 1}
+  request.getfixturevalue("no_stash")
+  assert _tanh_passes("tpu_interpret", slices) == {"fwd": 1, "dq": 2, "dkv": 2}
+  # GPU bodies: one slice held in registers (block_d = d_attn); several formed twice.
+  assert _tanh_passes("interpret", one) == {"fwd": 1, "dq": 1, "dkv": 1}
+  assert _tanh_passes("interpret", slices) == {"fwd": 1, "dq": 2, "dkv": 2}
+
+
+def _selects(jaxpr):
+  """select_n equations (a mask's `where`) in `jaxpr`, nested ones included."""
+  return sum(e.primitive.name == "select_n" or
+             sum(_selects(getattr(s, "jaxpr", s)) for s in jax.extend.core.jaxprs_in_params(
+                 e.params)) for e in jaxpr.eqns)
+
+
+@pytest.mark.parametrize("target", ["interpret", "tpu_interpret"])
+def test_whole_tiles_skip_the_mask(target):
+  """Each kernel has a tile path without the mask's `where`s: a loop over whole tiles (GPU
+  bodies: forward and dq 1 of 2 loops, dk/dv 1 of 3) or a cond branch (TPU bodies)."""
+  blocks = kernels.BlockSizes(block_q=16, block_k=16, block_d=8)
+  x = lambda w: jax.ShapeDtypeStruct((1, 48, 1, w), jnp.float32)
+  f = lambda qp, kp, w, val: aa.additive_attention(
+      qp, kp, w, val, causal=True, implementation="pallas", target=target,
+      block_sizes=blocks).sum()
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2, 3)))(
+      x(16), x(16), jax.ShapeDtypeStruct((1, 16), jnp.float32), x(16))
+  for e in test_kernels_tpu.pallas_calls(jaxpr.jaxpr, "cpu"):
+    body = e.params["jaxpr"]
+    loops = list(_tile_loops(body))
+    if target == "interpret":
+      paths = loops
+      assert len(loops) == (3 if e.params["name"].endswith("dkv") else 2)
+    else:
+      paths = [b.jaxpr for c in body.eqns if c.primitive.name == "cond"
+               for b in c.params["branches"]]
+      paths += [b.jaxpr for p in list(paths) for c in p.eqns if c.primitive.name == "cond"
+                for b in c.params["branches"]]
+    assert sum(_selects(p) == 0 and _path_tanh(p) > 0 for p in paths) >= 1, e.params["name"]
+    assert any(_selects(p) > 0 and _path_tanh(p) > 0 for p in paths), e.params["name"]
