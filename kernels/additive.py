@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _additive_tpu, _common, _skeleton, launch
+from kernels import _additive_tpu, _common, _loop_steps, _skeleton, launch
 from kernels._common import BlockSizes, positions
 from kernels.launch import BLOCK_ROW, HEAD, LENGTHS, OTHER, ROW
 from kernels.targets import AUTO
@@ -120,39 +120,9 @@ def _dkv_tile(*args):
           _common.dot_tn(p.astype(do.dtype), do))
 
 
-# Each loop over the other sequence runs as consecutive fori_loops over its whole and masked
-# ranges of blocks (`_common.whole_key_blocks` / `whole_query_blocks`): whole tiles skip the
-# mask and its `where`s (FlashAttention-3's split).
-
-
-def _split_loops(body, init, *ranges):
-  """`lax.fori_loop`s of body(index, carry, masked) over consecutive (lo, hi, masked) ranges."""
-  carry = init
-  for lo, hi, masked in ranges:
-    carry = lax.fori_loop(lo, hi, functools.partial(body, masked=masked), carry)
-  return carry
-
-
-def _key_ranges(i, block_q, block_k, lengths, causal):
-  """The key blocks query block i visits: whole [0, n_whole), then masked [n_whole, n)."""
-  n = _common.num_key_blocks(i, block_q, block_k, *lengths, causal)
-  n_whole = jnp.minimum(_common.whole_key_blocks(i, block_q, block_k, *lengths, causal), n)
-  return (0, n_whole, False), (n_whole, n, True)
-
-
-def _query_ranges(j, block_q, block_k, lengths, causal):
-  """The query blocks that see key block j: masked [lo, wlo), whole [wlo, whi), masked [whi, hi)
-  (the whole ones clipped into `query_block_range`)."""
-  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  hi = jnp.maximum(hi, lo)
-  wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)
-  wlo = jnp.clip(wlo, lo, hi)
-  whi = jnp.clip(whi, wlo, hi)
-  return (lo, wlo, True), (wlo, whi, False), (whi, hi, True)
-
-
 # ----------------------------------------------------------------------------------------------
 # GPU kernel bodies (refs as in flash_attention: 2-D per (batch, head); w_ref is v's [d_attn] row).
+# Each loop over the other sequence runs over its whole and masked ranges (`kernels/_loop_steps.py`).
 
 
 def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, block_k, block_d):
@@ -168,8 +138,9 @@ def _fwd_kernel(q_ref, k_ref, w_ref, val_ref, kl_ref, ql_ref, *refs, causal, blo
     valid = _tile_valid(i, block_q, j, block_k, lengths, causal, masked)
     return _common.online_softmax_update(carry, s, valid, val_ref[rows, :])
 
-  carry = _split_loops(body, _common.online_softmax_init(block_q, val_ref.shape[-1]),
-                       *_key_ranges(i, block_q, block_k, lengths, causal))
+  carry = _loop_steps.split_loops(
+      body, _common.online_softmax_init(block_q, val_ref.shape[-1]),
+      *_loop_steps.key_ranges(i, block_q, block_k, lengths, causal))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse[:, None]
@@ -192,7 +163,8 @@ def _dq_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref,
     return tuple(acc + part for acc, part in zip(dq_chunks, parts))
 
   init = tuple(jnp.zeros((block_q, block_d), _F32) for _ in slices)
-  dq_chunks = _split_loops(body, init, *_key_ranges(i, block_q, block_k, lengths, causal))
+  dq_chunks = _loop_steps.split_loops(
+      body, init, *_loop_steps.key_ranges(i, block_q, block_k, lengths, causal))
   for sl, wc, acc in zip(slices, w_chunks, dq_chunks):
     dq_ref[:, sl] = (acc * wc[None, :]).astype(dq_ref.dtype)
 
@@ -218,8 +190,8 @@ def _dkv_kernel(q_ref, k_ref, w_ref, val_ref, do_ref, lse_ref, delta_ref, kl_ref
 
   init = (tuple(jnp.zeros((block_k, block_d), _F32) for _ in slices),
           tuple(jnp.zeros((block_d,), _F32) for _ in slices), jnp.zeros(val.shape, _F32))
-  dk_chunks, dw_chunks, dval = _split_loops(
-      body, init, *_query_ranges(j, block_q, block_k, lengths, causal))
+  dk_chunks, dw_chunks, dval = _loop_steps.split_loops(
+      body, init, *_loop_steps.query_ranges(j, block_q, block_k, lengths, causal))
   for sl, wc, dk_c, dw_c in zip(slices, w_chunks, dk_chunks, dw_chunks):
     dk_ref[:, sl] = (dk_c * wc[None, :]).astype(dk_ref.dtype)
     dw_ref[0, sl] = dw_c

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import _common, _grid_steps, _skeleton, launch
+from kernels import _common, _grid_steps, _loop_steps, _skeleton, launch
 from kernels._common import BlockSizes, positions
 from kernels.launch import LENGTHS, OTHER, ROW
 from kernels.targets import AUTO
@@ -94,34 +94,7 @@ def _tile_positions(i, block_q, j, block_k, masked):
 # head squeezed out); lse / delta are [rows, 1] columns; lengths are [1, 128] rows of repeated
 # values, read at [0, 0]. Output refs come last (aliased poison inputs, if any, sit between the
 # inputs and the outputs, never read). Each loop over the other sequence runs as consecutive
-# fori_loops over masked and whole ranges of blocks (`_split_loops`).
-
-
-def _split_loops(body, init, *ranges):
-  """`lax.fori_loop`s of body(index, carry, masked) over consecutive (lo, hi, masked) ranges."""
-  carry = init
-  for lo, hi, masked in ranges:
-    carry = lax.fori_loop(lo, hi, functools.partial(body, masked=masked), carry)
-  return carry
-
-
-def _key_ranges(i, block_q, block_k, lengths, causal):
-  """The key blocks query block i visits: whole [0, n_whole), then masked [n_whole, n)."""
-  n = _common.num_key_blocks(i, block_q, block_k, *lengths, causal)
-  n_whole = _common.whole_key_blocks(i, block_q, block_k, *lengths, causal)  # <= n
-  return (0, n_whole, False), (n_whole, n, True)
-
-
-def _query_ranges(j, block_q, block_k, lengths, causal):
-  """The query blocks that see key block j: masked [lo, wlo), whole [wlo, whi), masked [whi, hi),
-  with lo <= wlo <= whi <= hi (the whole ones clipped into `query_block_range`, which they can
-  leave when it is empty)."""
-  lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
-  hi = jnp.maximum(hi, lo)
-  wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)
-  wlo = jnp.clip(wlo, lo, hi)
-  whi = jnp.clip(whi, wlo, hi)
-  return (lo, wlo, True), (wlo, whi, False), (whi, hi, True)
+# fori_loops over masked and whole ranges of blocks (`kernels/_loop_steps.py`).
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block_k):
@@ -137,8 +110,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal, block
                      _tile_positions(i, block_q, j, block_k, masked), lengths, scale=scale,
                      causal=causal)
 
-  carry = _split_loops(body, _common.online_softmax_init(block_q, v_ref.shape[-1]),
-                       *_key_ranges(i, block_q, block_k, lengths, causal))
+  carry = _loop_steps.split_loops(
+      body, _common.online_softmax_init(block_q, v_ref.shape[-1]),
+      *_loop_steps.key_ranges(i, block_q, block_k, lengths, causal))
   out, lse = _common.finish_softmax(*carry)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse[:, None]
@@ -161,8 +135,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, 
                        causal=causal)
     return dq + _common.dot(ds.astype(k.dtype), k)  # dQ += dS K (times scale, below)
 
-  dq = _split_loops(body, jnp.zeros(q.shape, _F32),
-                    *_key_ranges(i, block_q, block_k, lengths, causal))
+  dq = _loop_steps.split_loops(body, jnp.zeros(q.shape, _F32),
+                               *_loop_steps.key_ranges(i, block_q, block_k, lengths, causal))
   dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
@@ -185,8 +159,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
     dk = dk + _common.dot_tn(ds.astype(q.dtype), q)  # dK += dS^T Q (times scale, below)
     return dk, dv
 
-  dk, dv = _split_loops(body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
-                        *_query_ranges(j, block_q, block_k, lengths, causal))
+  dk, dv = _loop_steps.split_loops(
+      body, (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
+      *_loop_steps.query_ranges(j, block_q, block_k, lengths, causal))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -195,15 +170,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref
 # TPU kernel bodies (grid (b, h, r, c), see kernels/_grid_steps.py): one [bq, bk] tile per step,
 # the reduction over c accumulating in VMEM scratch refs (after the outputs), zeroed at c = 0 and
 # written out at the last c. Steps that masking leaves empty compute nothing (`pl.when`); whole
-# tiles take the unmasked branch, the visible rest the masked one.
-
-
-def _by_mask(whole, step):
-  """A grid step that runs step(masked=False) on a whole tile, step(masked=True) otherwise."""
-  def run():
-    pl.when(whole)(functools.partial(step, masked=False))
-    pl.when(jnp.logical_not(whole))(functools.partial(step, masked=True))
-  return run
+# tiles take the unmasked branch, the visible rest the masked one (`_grid_steps.by_mask`).
 
 
 def _fwd_tpu_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, *refs, scale, causal):
@@ -245,7 +212,7 @@ def _dq_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_r
   whole = j < _common.whole_key_blocks(i, block_q, block_k, *lengths, causal)
   _grid_steps.reduce_steps(
       [acc_ref], visible=j < _common.num_key_blocks(i, block_q, block_k, *lengths, causal),
-      accumulate=_by_mask(whole, accumulate), write=write)
+      accumulate=_grid_steps.by_mask(whole, accumulate), write=write)
 
 
 def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql_ref, *refs,
@@ -269,8 +236,9 @@ def _dkdv_tpu_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kl_ref, ql
 
   lo, hi = _common.query_block_range(j, block_q, block_k, *lengths, causal)
   wlo, whi = _common.whole_query_blocks(j, block_q, block_k, *lengths, causal)  # within [lo, hi)
+  whole = (wlo <= i) & (i < whi)
   _grid_steps.reduce_steps([dk_acc, dv_acc], visible=(lo <= i) & (i < hi),
-                           accumulate=_by_mask((wlo <= i) & (i < whi), accumulate), write=write)
+                           accumulate=_grid_steps.by_mask(whole, accumulate), write=write)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 import kernels
-from kernels import _common
+from kernels import _common, _loop_steps
 from kernels import flash_attention as fa
 from tests import kernel_cases as kc
 from tests.test_kernels_tpu import pallas_calls
@@ -97,12 +97,12 @@ def test_loop_ranges_split_the_visited_blocks(bq, bk, causal):
     lengths = (i32(kl), i32(ql))
     for i in range(T // bq):
       ranges = [tuple(map(int, r[:2])) + (r[2],)
-                for r in fa._key_ranges(i32(i), bq, bk, lengths, causal)]
+                for r in _loop_steps.key_ranges(i32(i), bq, bk, lengths, causal)]
       n = int(_common.num_key_blocks(i32(i), bq, bk, *lengths, causal))
       _check_ranges(ranges, 0, n, lambda j: _tile_is_whole(i, j, bq, bk, kl, ql, causal))
     for j in range(T // bk):
       ranges = [tuple(map(int, r[:2])) + (r[2],)
-                for r in fa._query_ranges(i32(j), bq, bk, lengths, causal)]
+                for r in _loop_steps.query_ranges(i32(j), bq, bk, lengths, causal)]
       lo, hi = map(int, _common.query_block_range(i32(j), bq, bk, *lengths, causal))
       hi = max(lo, hi)  # hi < lo: none visited, as in a fori_loop
       _check_ranges(ranges, lo, hi, lambda i: _tile_is_whole(i, j, bq, bk, kl, ql, causal))
