@@ -171,9 +171,10 @@ def finish_softmax(m, l, acc):
 # The kernels' dots accumulate in float32. Their operands' precision: float32 operands ask for
 # HIGHEST, because the default rounds them to TF32 (10 mantissa bits) on NVIDIA GPUs: Pallas'
 # Triton lowering emits `tt.dot ... inputPrecision = tf32` for DEFAULT and `ieee` for HIGHEST,
-# and XLA's GPU dots (the blocked path on a GPU) do the same. 16-bit operands keep the default:
-# their products are exact in the float32 accumulator, and HIGHEST would only change the IR.
-# On CPU (interpret mode, the blocked path) both precisions compute the same float32 products.
+# and XLA's GPU dots (the blocked path on a GPU) do the same. Triton runs IEEE dots on CUDA
+# cores, not tensor cores: float32 is the exact path, 16-bit inputs the fast one. 16-bit operands
+# keep the default: their products are exact in the float32 accumulator, and HIGHEST would only
+# change the IR. On CPU (interpret mode, the blocked path) both give the same bits.
 
 
 def dot_precision(a, b):

@@ -7,7 +7,7 @@ forward. Lowered for CUDA from a CPU host (tests/test_kernels_mgpu.py); never ru
 
 from __future__ import annotations
 
-from kernels.targets import triton
+from kernels.targets import smem, triton
 from kernels.targets.base import TARGETS, Target
 
 
@@ -22,7 +22,7 @@ _FORWARDS = {"flash_attention": _dot_forward}
 TARGETS.add(Target(
     name="mosaic_gpu", implementation="pallas",
     blocks={"flash_attention": triton.BLOCKS["flash_attention"]}, launch=triton.loop_launch,
-    platforms=("cuda",), interpreted="mosaic_gpu_interpret", forwards=_FORWARDS,
+    platforms=("cuda",), interpreted="mosaic_gpu_interpret", forwards=_FORWARDS, fit=smem.fit,
     summary="dot-product forward in Mosaic GPU for Hopper (bf16/f16), Triton backward"))
 TARGETS.add(Target(
     name="mosaic_gpu_interpret", implementation="pallas",
