@@ -114,6 +114,10 @@ def test_inputs_no_tiles_fit_are_refused_with_one_line():
   assert REFUSAL.fullmatch(str(refused.value).splitlines()[0]), refused.value
   blocked = lambda *a: kernels.additive_attention(*a, implementation="blocked")
   assert jax.eval_shape(blocked, *args).shape == (1, 32, 1, 256)
+  # Tiles given whole are the caller's: used as given, neither fitted nor refused.
+  given = lambda *a: kernels.additive_attention(*a, implementation="pallas", interpret=False,
+                                                block_q=16, block_k=16)
+  assert jax.eval_shape(given, *args).shape == (1, 32, 1, 256)
 
 
 def test_the_refusal_suggests_bfloat16_only_to_float32(budget_env):
