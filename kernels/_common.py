@@ -172,16 +172,35 @@ def finish_softmax(m, l, acc):
 # Pallas helpers shared by the kernels.
 
 
+# The kernels' dots accumulate in float32. Their operands' precision: float32 operands ask for
+# HIGHEST, because the default rounds them to TF32 (10 mantissa bits) on NVIDIA GPUs: Pallas'
+# Triton lowering emits `tt.dot ... inputPrecision = tf32` for DEFAULT and `ieee` for HIGHEST,
+# and XLA's GPU dots (the blocked path on a GPU) do the same. Triton runs IEEE dots on CUDA
+# cores, not tensor cores: float32 is the exact path, 16-bit inputs the fast one. 16-bit operands
+# keep the default: their products are exact in the float32 accumulator, and HIGHEST would only
+# change the IR. On CPU (interpret mode, the blocked path) both give the same bits.
+
+
+def dot_precision(a, b):
+  """The `precision` of a kernel dot on operands a, b: HIGHEST for float32, else None."""
+  return lax.Precision.HIGHEST if _F32 in (a.dtype, b.dtype) else None
+
+
+def _dot(a, b, contract):
+  return lax.dot_general(a, b, (contract, ((), ())), precision=dot_precision(a, b),
+                         preferred_element_type=_F32)
+
+
 def dot(a, b):  # [m, k] @ [k, n]
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=_F32)
+  return _dot(a, b, ((1,), (0,)))
 
 
 def dot_nt(a, b):  # [m, k] @ [n, k]^T
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+  return _dot(a, b, ((1,), (1,)))
 
 
 def dot_tn(a, b):  # [k, m]^T @ [k, n]
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
+  return _dot(a, b, ((0,), (0,)))
 
 
 def softmax_grad_tile(s, valid, lse, do, v, delta):
@@ -317,7 +336,7 @@ def _blocked_bwd_single(score_fn, causal, bq, bk, q, k, v, theta, kl, ql, out, l
       s, vjp = jax.vjp(lambda qq, kk, th: score_fn(th, qq, kk), q_blk, k_blk, theta32)
       valid = valid_mask(positions(i, bq), k_pos, kl, ql, causal)
       p, ds = softmax_grad_tile(s, valid, lse_blk, do_blk, v_blk, delta_blk)
-      dv_blk = dv_blk + p.T @ do_blk
+      dv_blk = dv_blk + dot_tn(p, do_blk)
       dq_blk, dk_part, dth = vjp(ds)
       dtheta = jax.tree.map(jnp.add, dtheta, dth)
       return (dk_blk + dk_part, dv_blk, dtheta), dq_blk

@@ -269,7 +269,9 @@ def pallas_padded(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool,
   """
   chosen = _host_target(resolve_target("pallas", target, interpret))
   chosen.check(kernel, q, v)
-  blocks = chosen.tiles(kernel.name) if blocks is None else blocks
+  if blocks is None:
+    blocks = chosen.tiles(kernel.name, dtype=jnp.promote_types(q.dtype, v.dtype),
+                          d=q.shape[-1], dv=v.shape[-1])
   out, lse = _run_padded(kernel, chosen, q, k, v, theta, kl, ql, causal=causal, blocks=blocks,
                          poison=poison, score_kw=score_kw)
   return out, jnp.swapaxes(lse, 1, 2)
@@ -331,7 +333,12 @@ def dispatch(kernel: FusedKernel, q, k, v, theta, kl, ql, *, causal: bool, imple
   for t in ([] if chosen is None else [chosen] if isinstance(chosen, Target)
             else chosen.values()):
     t.check(kernel, q, v)
-  tiles = lambda t: resolve_blocks(block_q, block_k, block_sizes, t.tiles(kernel.name), block_d)
+  # Defaults fitted to the target's on-chip memory for these inputs, unless given whole.
+  given = block_sizes is not None or (block_q is not None and block_k is not None)
+  fit = {} if given else dict(dtype=jnp.promote_types(q.dtype, v.dtype), d=q.shape[-1],
+                              dv=v.shape[-1])
+  tiles = lambda t: resolve_blocks(block_q, block_k, block_sizes, t.tiles(kernel.name, **fit),
+                                   block_d)
   if q.shape[0] == 0:
     impl = "xla"  # an empty batch: the empty result (and lse) of the right shapes and dtypes
   return _IMPLEMENTATIONS[impl](kernel, chosen, q, k, v, theta, kl, ql, causal=bool(causal),

@@ -16,13 +16,14 @@ import pytest
 
 import kernels
 from kernels import additive, flash_attention
+from kernels.targets import smem
 
 # The Triton lowering for CUDA; the Mosaic TPU lowering is pinned in tests/test_kernels_tpu.py,
 # the dot kernel's Mosaic GPU forward (target="mosaic_gpu") in tests/test_kernels_mgpu.py.
 PLATFORMS = ("cuda",)
 TRITON_CALL = "__gpu$xla.gpu.triton"
 CALL_RE = re.compile(r"stablehlo\.custom_call @(\S+?)\(")
-SMEM_LIMIT = 232448  # H100/H200: 227 KiB of shared memory per thread block
+SMEM_LIMIT = smem.BUDGETS["hopper"][0]  # H100/H200: 227 KiB per thread block
 B, H, T = 2, 2, 200  # T above the largest GPU block, so no block is clamped
 
 # kernel, dtype, qk width (head dim or d_attn), value width, causal and padded. Causality and
@@ -77,24 +78,10 @@ def _triton_tiles(kernel):
 
 
 def _smem_estimate(kernel, launch, dtype, d, dv):
-  """Estimated shared-memory bytes of one thread block of a launch (Triton reports the real figure
-  only when it compiles, which needs a GPU, and the exported module does not expose it).
-
-  Counted like FlashAttention's tile budget: the tiles resident for the whole program once, the
-  tiles streamed through the inner loop once per pipeline stage, all in the input dtype.
-  """
-  blocks = _triton_tiles(kernel)
-  nbytes = jnp.dtype(dtype).itemsize
-  if launch.endswith("_fwd"):  # resident q [bq, d]; streamed k [bk, d], v [bk, dv]
-    bq, bk = blocks.block_q, blocks.block_k
-    resident, streamed = bq * d, bk * (d + dv)
-  elif launch.endswith("_dq"):  # resident q [bq, d], dO [bq, dv]; streamed k, v
-    bq, bk = blocks.bwd_q, blocks.bwd_k
-    resident, streamed = bq * (d + dv), bk * (d + dv)
-  else:  # dk/dv: resident k [bk, d], v [bk, dv]; streamed q [bq, d], dO [bq, dv]
-    bq, bk = blocks.bwd_q, blocks.bwd_k
-    resident, streamed = bk * (d + dv), bq * (d + dv)
-  return (resident + blocks.num_stages * streamed) * nbytes
+  """Estimated shared-memory bytes of one thread block of a launch (`kernels.targets.smem`;
+  Triton reports the real figure only when it compiles, which needs a GPU)."""
+  part = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "dkv": "dkdv"}[launch.rsplit("_", 1)[-1]]
+  return smem.launch_bytes(part, _triton_tiles(kernel), dtype, d, dv)
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd_bwd"])

@@ -39,6 +39,8 @@ class Target:
   forwards: kernel name -> forward replacing the kernel's own Pallas forward, with its
     signature plus `fallback=` (the kernel's forward); e.g. Mosaic GPU's.
   dtypes: input dtypes it runs. max_head_dim: widest head dim (None: any).
+  fit: fit(kernel, blocks, dtype, d, dv) -> the tiles `blocks` shrunk to fit the platform's
+    on-chip memory for these inputs (ValueError when none do), or None: the tiles as they are.
   summary: one line for the docs' table of targets.
   """
   name: str
@@ -52,11 +54,18 @@ class Target:
   forwards: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
   dtypes: tuple = SUPPORTED_DTYPES
   max_head_dim: int | None = MAX_HEAD_DIM
+  fit: Callable | None = None
   summary: str = ""
 
-  def tiles(self, kernel: str) -> BlockSizes:
-    """The default tiles of `kernel` on this target."""
-    return self.blocks[kernel]
+  def tiles(self, kernel: str, *, dtype=None, d: int | None = None,
+            dv: int | None = None) -> BlockSizes:
+    """The default tiles of `kernel` on this target; given the input dtype and the q/k and v
+    head dims (d, dv), those of them that fit its on-chip memory (`fit`; a one-line ValueError
+    when none do)."""
+    blocks = self.blocks[kernel]
+    if self.fit is None or dtype is None:
+      return blocks
+    return self.fit(kernel, blocks, dtype, d, dv)
 
   def check(self, kernel, q, v) -> None:
     """Raises a one-line ValueError unless this target runs `kernel` (a `FusedKernel`) on

@@ -8,7 +8,7 @@ CUDA from a CPU host (tests/test_kernels_mgpu.py); never run on a GPU.
 
 from __future__ import annotations
 
-from kernels.targets import triton
+from kernels.targets import smem, triton
 from kernels.targets.base import TARGETS, Target
 
 
@@ -23,8 +23,8 @@ _FORWARDS = {"flash_attention": _dot_forward}
 TARGETS.add(Target(
     name="mosaic_gpu", implementation="pallas",
     blocks={"flash_attention": triton.BLOCKS["flash_attention"]},
-    launch=triton.loop_launch_head_major,
-    platforms=("cuda",), interpreted="mosaic_gpu_interpret", forwards=_FORWARDS,
+    launch=triton.loop_launch_head_major, platforms=("cuda",),
+    interpreted="mosaic_gpu_interpret", forwards=_FORWARDS, fit=smem.fit,
     summary="dot-product forward in Mosaic GPU for Hopper (bf16/f16), Triton backward"))
 TARGETS.add(Target(
     name="mosaic_gpu_interpret", implementation="pallas",

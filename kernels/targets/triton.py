@@ -4,6 +4,20 @@ JAX's generic Pallas interpreter, on any host): the "loop" launch style of `kern
 Grid (written block, b, h): a step keeps its [block, w] tile of the written sequence on chip and
 loops over the read sequence held whole (FlashAttention-2's schedule; no atomics, since dq and
 dk/dv are separate kernels). Triton needs power-of-two blocks of at least 16 rows and features.
+
+GPUs: NVIDIA Ampere to Hopper (sm80-sm90), through the tile budget. `BLOCKS` are the tiles for
+H100/H200 at d <= 128; on target "triton" (and "mosaic_gpu"'s Triton launches) each launch's
+tiles are shrunk (the larger of block_q, block_k halved first, down to 16) until its
+shared-memory estimate fits the budget of the GPU class they are chosen for
+(`kernels/targets/smem.py`): this host's GPU, or H100/H200 (232,448 bytes per thread block) when
+lowering from a host without one; ATTN_TRITON_SMEM=ampere chooses the A100's 166,912 bytes
+(sm86: A10, A40, RTX 30xx, L4, L40, 101,376; or a number of bytes). So float32 at d = 256 gets
+64 x 32 forward and 32 x 32 backward tiles on Hopper (the defaults would need ~393 KB);
+bfloat16 at d = 256 keeps the defaults on Hopper and gets 64 x 64 forward, 64 x 32 backward
+tiles on an A100. Inputs whose 16 x 16 tiles do not fit are refused when traced. Tiles passed
+explicitly (block_q, block_k, block_sizes) are used as given. float32 dots are IEEE
+(`_common.dot`), which Triton runs on CUDA cores, not tensor cores: 16-bit inputs are the fast
+path. ROCm GPUs are in no budget class (untested; they get the default).
 """
 
 from __future__ import annotations
@@ -14,9 +28,11 @@ from jax.experimental import pallas as pl
 
 from kernels import launch as launch_lib
 from kernels._common import LANES, BlockSizes
+from kernels.targets import smem
 from kernels.targets.base import TARGETS, Target
 
-# Tiles per kernel. Dot product: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
+# Tiles per kernel, shrunk per input to the shared-memory budget (`smem.fit`, the module
+# docstring). Dot product: FlashAttention-2's Triton tiles for d <= 128 on A100/H100.
 # Additive: the tanh tile [block_q, block_k, block_d] lives in registers: 32 x 32 x 8 floats is
 # 64 per thread at 4 warps. Tune with experiments/bench_kernel.py.
 BLOCKS = {
@@ -92,7 +108,7 @@ loop_launch_head_major = launch_lib.Launch(
 
 TARGETS.add(Target(
     name="triton", implementation="pallas", blocks=BLOCKS, launch=loop_launch,
-    platforms=("cuda", "rocm"), auto=True, interpreted="interpret",
+    platforms=("cuda", "rocm"), auto=True, interpreted="interpret", fit=smem.fit,
     summary="Pallas Triton on CUDA/ROCm; both kernels, forward and backward"))
 TARGETS.add(Target(
     name="interpret", implementation="pallas", blocks=INTERPRET_BLOCKS, launch=loop_launch,
