@@ -304,3 +304,20 @@ def test_interpreted_kernel_is_the_mosaic_one(monkeypatch, target):
   q = jnp.ones((1, 20, 1, 64), jnp.bfloat16)
   fa.attention(q, q, q, implementation="pallas", interpret=True, target=target)
   assert [(c["interpret"], c["schedule"]) for c in calls] == [(True, SCHEDULES[target])]
+
+
+def test_gpu_check_times_and_checks_every_mosaic_variant(monkeypatch):
+  """experiments/gpu_check.py's Hopper runs name registered targets and legal key tiles, and
+  its speed table has a peer per schedule: the day a GPU is lent they run side by side."""
+  from attn.benchmarks import kernel_impls
+  from experiments import gpu_check
+  from kernels.targets import TARGETS
+  monkeypatch.setattr(gpu_check, "_hopper", lambda: True)
+  runs = {name for name, _, _ in gpu_check._cases(dry_run=False)}
+  assert {"dot_mosaic", *gpu_check.MOSAIC_VARIANTS} <= runs
+  targets = {opts["target"] for _, opts in gpu_check.MOSAIC_VARIANTS.values()}
+  assert targets == {"mosaic_gpu_ws"} and all(TARGETS.get(t) for t in targets)
+  assert {opts.get("block_k", 128) for _, opts in gpu_check.MOSAIC_VARIANTS.values()} == set(
+      fm.BLOCK_KS)
+  peers = set(kernel_impls.KERNELS.get("dot").impls)
+  assert {"pallas_mosaic", *gpu_check.HOPPER_PEERS} <= peers
