@@ -8,7 +8,8 @@ then the speed table against cuDNN, XLA and JAX's own Pallas GPU attention.
 compiled; interpret mode in the dry run), bf16 and f32, d 64 and 128, odd lengths, padded keys
 and queries, a batch row with no keys, causal, forward (out, lse) and every gradient; on Hopper
 also kernels.attention with target="mosaic_gpu" (its Mosaic GPU forward, bf16; in the dry run
-through the Mosaic GPU interpreter); all against the
+through the Mosaic GPU interpreter) and, on Hopper only, the warp-specialized "mosaic_gpu_ws"
+with key tiles 128, 64 and 256 (MOSAIC_VARIANTS; timed as pallas_mosaic_ws); all against the
 float64 NumPy references with the kernel tests' tolerance rule (tests/kernel_cases.py: at most
 twice the dense "xla" implementation's error on the same device, plus a floor). One line per case;
 any failure makes the exit status 1 (after the table is still written).
@@ -44,9 +45,14 @@ GPU_SWEEP = ((1024, 10), (2048, 10), (4096, 5), (8192, 3), (16384, 2))
 DRY_SWEEP = ((64, 1), (128, 1))
 PEERS = ("pallas", "pallas_mosaic", "cudnn", "xla", "jax_triton")
 # Part (a)'s kernels: (the kernel whose inputs and reference apply, options of its pallas run).
-# dot_mosaic is the dot kernel's Mosaic GPU forward (Hopper) with its Triton backward.
+# dot_mosaic is the dot kernel's Mosaic GPU forward (Hopper) with its Triton backward;
+# MOSAIC_VARIANTS its other schedule and key tiles (on Hopper only; the dry run keeps dot_mosaic).
+MOSAIC_VARIANTS = {"dot_mosaic_ws": ("dot", {"target": "mosaic_gpu_ws"}),
+                   "dot_mosaic_ws_k64": ("dot", {"target": "mosaic_gpu_ws", "block_k": 64}),
+                   "dot_mosaic_ws_k256": ("dot", {"target": "mosaic_gpu_ws", "block_k": 256})}
 KERNEL_RUNS = {"dot": ("dot", {}), "dot_mosaic": ("dot", {"target": "mosaic_gpu"}),
-               "additive": ("additive", {})}
+               **MOSAIC_VARIANTS, "additive": ("additive", {})}
+HOPPER_PEERS = ("pallas_mosaic_ws",)  # timed too on Hopper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +88,8 @@ def _cases(dry_run: bool):
       pair = ((padded,) if kernel == "dot" else (causal,)) if dry_run else (padded, causal)
       out += [(kernel, c, dt) for c in pair for dt in dtypes]
       if kernel == "dot" and (dry_run or _hopper()):  # Mosaic GPU: 16-bit inputs, WGMMA
-        out += [("dot_mosaic", c, jnp.bfloat16) for c in pair]
+        names = ("dot_mosaic",) if dry_run else ("dot_mosaic", *MOSAIC_VARIANTS)
+        out += [(name, c, jnp.bfloat16) for name in names for c in pair]
   return out
 
 
@@ -152,7 +159,8 @@ def speed(cfg: GpuCheckConfig):
   bc = bench.BenchConfig(kernel="dot", batch=batch, heads=heads,
                          seq_lens=tuple(t for t, _ in sweep),
                          repeats_per_len=tuple(r for _, r in sweep), head_dims=(d,),
-                         dtype="bfloat16", causal=(False,), modes=bench.MODES, impls=PEERS,
+                         dtype="bfloat16", causal=(False,), modes=bench.MODES,
+                         impls=PEERS + (HOPPER_PEERS if _hopper() else ()),
                          num_inputs=1 if cfg.dry_run else 2, outdir=cfg.out, name="gpu_check",
                          plot=False)
   return bench.run_benchmark(bc), bc

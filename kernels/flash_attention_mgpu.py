@@ -3,55 +3,101 @@
     out_i = Σ_j softmax_j(scale · q_i·k_j over valid j) v_j,   lse_i = log Σ_j exp(scale · q_i·k_j)
 
 Same inputs, outputs and residuals as the Triton forward in `kernels/flash_attention.py` (chosen
-with target="mosaic_gpu", `kernels/targets/mosaic_gpu.py`), so the custom_vjp's Triton backward consumes them unchanged:
-padded head-major q [B, H, Tq_p, d_p], k [B, H, Tk_p, d_p], v [B, H, Tk_p, dv_p] ->
-(out [B, H, Tq_p, dv_p] in the input dtype, lse [B, H, Tq_p] float32). Masks as in
-`kernels/_common.py` (key lengths, query lengths, causal top-left aligned); a row with no visible
-key gets out = 0 and lse = -inf.
+with the "mosaic_gpu" targets, `kernels/targets/mosaic_gpu.py`), so the custom_vjp's Triton
+backward consumes them unchanged: padded head-major q [B, H, Tq_p, d_p], k [B, H, Tk_p, d_p],
+v [B, H, Tk_p, dv_p] -> (out [B, H, Tq_p, dv_p] in the input dtype, lse [B, H, Tq_p] float32,
+natural log). Masks as in `kernels/_common.py` (key lengths, query lengths, causal top-left
+aligned); a row with no visible key gets out = 0 and lse = -inf.
 
-One program per (head, 64-row query tile, batch row) is one warpgroup (WGMMA's M is 64 rows per
-warpgroup). It copies its q tile into shared memory with TMA, then streams [block_k, d] key and
-value tiles through `STAGES` shared-memory slots: the TMA copy of tile j + STAGES is issued as
-soon as tile j's last WGMMA has consumed its slot, so the copies overlap the math
-(FlashAttention-3, Shah et al. 2024, without its warp specialization). Per tile: S = Q Kᵀ by
-WGMMA from shared memory into float32 registers, the online softmax of FlashAttention-2
-(Algorithm 1, lines 8-10, the finite MASK_VALUE convention of `_common.online_softmax_update`),
-P cast to the input dtype and O += P V by WGMMA with P from registers. Key tiles past the key
-length (and past the causal diagonal) are never fetched; tiles that every row of the query tile
-sees whole skip the mask. The output tile and its lse leave through shared memory by TMA.
+Two schedules (`SCHEDULES`; kernel bodies in `kernels/_mgpu_kernels.py`), one per target:
+"pipelined" (target "mosaic_gpu"): one warpgroup per 64 query rows issues its own TMA copies of
+[block_k, d] key and value tiles, STAGES shared-memory slots ahead. "warp_specialized" (target
+"mosaic_gpu_ws"): FlashAttention-3's two compute warpgroups (128 query rows) sharing each
+key/value tile, fed by a third, memory warpgroup, and taking turns on the tensor cores. Both: S
+= Q Kᵀ by WGMMA from shared memory into float32 registers, the online softmax in base 2 (exp2,
+approximate math; scale·log2 e folded into one multiply of the scores), P in the input dtype
+and O += P V by WGMMA with P from registers into the rescaled accumulator in place (no second
+[64, dv] float32 array: dv = 256 fits the registers). Key tiles past the key length (and the
+causal diagonal) are never fetched; tiles every row of a query tile sees whole skip the mask.
+
+block_k: the forward tile (`cfg.blocks.block_k`), 64, 128 or 256, the largest legal one at most
+the one asked for; legal is what fits the 227 KiB of shared memory (`smem_bytes`,
+`legal_block_ks`). The output tile reuses q's when dv_p = d_p.
 
 Limits: WGMMA takes 16-bit operands here (bfloat16, float16); float32 inputs (tf32 WGMMA would
 round q and k to 10 mantissa bits, far outside the float32 tolerance) and head dims above
-MAX_HEAD_DIM run the Triton forward instead. Head dims are zero-padded to multiples of 64 (one
-128-byte swizzled row of 16-bit values) and sequences to multiples of the tiles, inside this
-module; the padding is sliced off.
+MAX_HEAD_DIM run the Triton forward instead, and so do causal calls under a CUDA of 12.8.0 up
+to 12.9.1 (`ptxas_miscompiles_causal`: JAX's own attention_mgpu refuses causal masking there
+for a ptxas miscompile of its iota/where mask, the pattern this kernel's mask uses too). Head
+dims are zero-padded to multiples of 64 (one 128-byte swizzled row of 16-bit values) and
+sequences to multiples of the tiles, inside this module; the padding is sliced off.
 
-Interpret mode (`interpret=True`, CPU) runs the same program in JAX's Mosaic GPU interpreter
-(`InterpretGPUParams`: simulated shared memory, TMA copies and barriers), except that the two
-matrix products become `lax.dot_general` on the shared-memory tiles: the 0.10 interpreter's WGMMA
-takes neither a transposed operand nor one from registers. So interpret mode checks the copies,
-barriers, pipelining, masks, softmax and stores; only a GPU checks the WGMMA instructions.
+Interpret mode (`interpret=True`, CPU) runs the same programs, both schedules (the three
+warpgroups as concurrent threads), in JAX's Mosaic GPU interpreter (`InterpretGPUParams`:
+simulated shared memory, TMA copies and barriers), except that the two matrix products become
+`lax.dot_general` on the shared-memory tiles and P V is added to the rescaled accumulator
+instead of accumulated in place: the 0.10 interpreter's WGMMA takes neither a transposed operand
+nor one from registers, and it has no `pl.run_state`, `layout_cast` or `broadcasted_iota` with
+a layout. exp2 is exact there (approx_math is a GPU compiler flag) and `set_max_registers` a
+no-op. So interpret mode checks the copies, barriers (the consumed barriers and turns of the
+warp-specialized schedule included), pipelining, masks, softmax and stores; the lowering checks
+the WGMMA operands, layouts and shared memory; only a GPU checks the WGMMA results, the
+in-place accumulation, approximate exp2 and the register budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels import _common
+from kernels import _common, _mgpu_kernels
+from kernels.targets import smem
+
+log = logging.getLogger(__name__)
 
 _F32 = jnp.float32
-WARPGROUP_ROWS = 64  # WGMMA's M per warpgroup: the query tile of one program
+WARPGROUP_ROWS = _mgpu_kernels.WARPGROUP_ROWS  # query rows of one compute warpgroup
 FEATURE_MULTIPLE = 64  # one 128-byte swizzled shared-memory row of 16-bit values
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 STAGES = 2  # key/value shared-memory slots in flight
-SMEM_LIMIT = 232448  # H100/H200: 227 KiB of shared memory per thread block
+BLOCK_KS = (64, 128, 256)  # key tiles the forward takes (multiples of 64; more do not fit)
+SMEM_LIMIT = smem.BUDGETS["hopper"][0]  # Hopper only: 227 KiB per thread block
+REDUCTION_SCRATCH = 2048  # plgpu.CompilerParams.reduction_scratch_bytes' default (row max/sum)
+BARRIER_BYTES = 8
+SMEM_ALIGNMENT = 1024  # the lowering aligns each shared-memory buffer to 1 KiB
+# cudaRuntimeGetVersion's [lo, hi): 12.8.0 up to (not including) 12.9.1, JAX's bound.
+PTXAS_CAUSAL_MISCOMPILE = (12080, 12091)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How a program is laid out: `compute_wgs` compute warpgroups of 64 query rows each, and a
+  memory warpgroup issuing the copies (`memory_wg`) or not (each issues its own)."""
+  name: str
+  compute_wgs: int
+  memory_wg: bool
+
+  @property
+  def kernel_name(self) -> str:  # the launch's name in a lowered module
+    return "flash_attention_fwd_mgpu" + ("_ws" if self.memory_wg else "")
+
+  @property
+  def rows(self) -> int:  # query rows per program
+    return self.compute_wgs * WARPGROUP_ROWS
+
+  @property
+  def barriers(self) -> int:  # q per compute warpgroup; k, v per slot; (k, v free per slot, turn)
+    return self.compute_wgs + 2 * STAGES + (2 * STAGES + 1 if self.memory_wg else 0)
+
+
+SCHEDULES = {s.name: s for s in (Schedule("pipelined", 1, False),
+                                 Schedule("warp_specialized", 2, True))}
 
 
 def supports(dtype, d: int, dv: int) -> bool:
@@ -63,120 +109,53 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def smem_bytes(d: int, dv: int, block_k: int, dtype, stages: int = STAGES) -> int:
-  """Shared memory of the tiles (not counting the barriers): q [64, d], `stages` slots of
-  k [block_k, d] and v [block_k, dv], the output tile [64, dv], and the lse row [64] float32."""
+def smem_bytes(d: int, dv: int, block_k: int, dtype, schedule: str = "pipelined",
+               stages: int = STAGES) -> int:
+  """Shared memory of one program, as the Mosaic GPU lowering counts it (each buffer aligned to
+  1 KiB): per compute warpgroup q [64, d_p], the output tile [64, dv_p] (none when dv_p = d_p:
+  it reuses q's) and the lse row [64] float32; `stages` slots of k [block_k, d_p] and v
+  [block_k, dv_p]; the lowering's reduction scratch and the barriers."""
+  s = SCHEDULES[schedule]
   d, dv = _round_up(d, FEATURE_MULTIPLE), _round_up(dv, FEATURE_MULTIPLE)
-  tiles = WARPGROUP_ROWS * d + stages * block_k * (d + dv) + WARPGROUP_ROWS * dv
-  return tiles * jnp.dtype(dtype).itemsize + WARPGROUP_ROWS * 4
+  item, rows = jnp.dtype(dtype).itemsize, s.compute_wgs * WARPGROUP_ROWS
+  buffers = [rows * d * item, stages * block_k * d * item, stages * block_k * dv * item,
+             rows * 4, REDUCTION_SCRATCH] + ([rows * dv * item] if dv != d else [])
+  return sum(_round_up(n, SMEM_ALIGNMENT) for n in buffers) + s.barriers * BARRIER_BYTES
+
+
+def legal_block_ks(d: int, dv: int, dtype, schedule: str = "pipelined") -> tuple[int, ...]:
+  """The key tiles of BLOCK_KS whose program fits SMEM_LIMIT, e.g. (64, 128) at d = dv = 128."""
+  return tuple(bk for bk in BLOCK_KS if smem_bytes(d, dv, bk, dtype, schedule) <= SMEM_LIMIT)
+
+
+def pick_block_k(requested: int, d: int, dv: int, dtype, schedule: str = "pipelined") -> int:
+  """The largest legal key tile at most `requested` (64 when it asks for less)."""
+  legal = legal_block_ks(d, dv, dtype, schedule)
+  return max([bk for bk in legal if bk <= requested] or [legal[0]])
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel body. Refs: q/k/v/out [B, H, T, d] and lse [B, H, T] in global memory, lengths [B] int32
-# in global memory (read as scalars); the scratch tiles in shared memory; the TMA barriers.
+# The CUDA versions whose ptxas miscompiles the causal mask.
 
 
-def _matmuls(interpret: bool):
-  """(s_tile, pv_tile): S = Q Kᵀ and P V, float32. WGMMA on a GPU; dot_general on the same
-  shared-memory tiles in the interpreter, whose WGMMA lacks transposed and register operands."""
-  if interpret:
-    def s_tile(q_smem, k_smem):
-      return _common.dot_nt(q_smem[...], k_smem[...])
-
-    def pv_tile(p, v_smem):
-      return _common.dot(p, v_smem[...])
-    return s_tile, pv_tile
-
-  def s_tile(q_smem, k_smem):
-    def body(acc_ref):
-      plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
-      return acc_ref[...]
-    return pl.run_scoped(body, plgpu.ACC((q_smem.shape[0], k_smem.shape[0]), _F32))
-
-  def pv_tile(p, v_smem):
-    # A fresh accumulator, added to the rescaled one by the caller (the interpreter has no
-    # run_state, so both paths keep the same shape of program).
-    def body(acc_ref):
-      plgpu.wgmma(acc_ref, p, v_smem)
-      return acc_ref[...]
-    return pl.run_scoped(body, plgpu.ACC((p.shape[0], v_smem.shape[-1]), _F32))
-  return s_tile, pv_tile
+def cuda_runtime_version() -> int | None:
+  """cudaRuntimeGetVersion (1000·major + 10·minor) of the CUDA jax runs, or None without its
+  CUDA plugin (a CPU host, where an export for "cuda" is traced)."""
+  from jax._src.lib import cuda_versions  # pylint: disable=import-outside-toplevel
+  return None if cuda_versions is None else int(cuda_versions.cuda_runtime_get_version())
 
 
-def _layouts(interpret: bool):
-  """(cast, iota): WGMMA register layouts on a GPU; plain arrays in the interpreter."""
-  if interpret:
-    return (lambda x, layout: x), (lambda shape, dim: lax.broadcasted_iota(jnp.int32, shape, dim))
-  return plgpu.layout_cast, _wgmma_iota
+def ptxas_miscompiles_causal(version: int | None) -> bool:
+  """Whether a CUDA `version` is in JAX's range of the ptxas miscompile of causal masking
+  (attention_mgpu's guard). None (unknown: traced on a host without CUDA) is taken as good."""
+  return version is not None and PTXAS_CAUSAL_MISCOMPILE[0] <= version < PTXAS_CAUSAL_MISCOMPILE[1]
 
 
-def _wgmma_iota(shape, dim):
-  return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-
-
-def _fwd_kernel(q_ref, k_ref, v_ref, kl_ref, ql_ref, o_ref, lse_ref, q_smem, k_smem, v_smem,
-                o_smem, lse_smem, q_bar, k_bar, v_bar, *, scale, causal, block_k, interpret):
-  bq, dv = q_smem.shape[0], v_smem.shape[-1]
-  h, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
-  key_length, query_length = kl_ref[b], ql_ref[b]
-  s_tile, pv_tile = _matmuls(interpret)
-  cast, iota = _layouts(interpret)
-  row_layout = plgpu.Layout.WGMMA.reduce(1)
-  q0 = i * bq
-  n = _common.num_key_blocks(i, bq, block_k, key_length, query_length, causal)
-
-  def fetch(j, slot):  # TMA: key/value tile j into a slot, arriving on that slot's barriers
-    rows = pl.ds(j * block_k, block_k)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bar.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bar.at[slot])
-
-  plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q0, bq)], q_smem, q_bar)
-  for j in range(min(STAGES, k_ref.shape[2] // block_k)):  # fill the pipeline (tiles in range)
-    pl.when(j < n)(functools.partial(fetch, j, j))
-  plgpu.barrier_wait(q_bar)
-
-  def body(j, carry, masked):
-    m_prev, l_prev, acc = carry
-    slot = lax.rem(j, jnp.int32(STAGES))
-    plgpu.barrier_wait(k_bar.at[slot])
-    s = s_tile(q_smem, k_smem.at[slot]) * scale  # [bq, bk] f32
-    if masked:
-      q_pos, k_pos = q0 + iota(s.shape, 0), j * block_k + iota(s.shape, 1)
-      valid = (k_pos < key_length) & (q_pos < query_length)
-      if causal:
-        valid &= k_pos <= q_pos
-      s = jnp.where(valid, s, _common.MASK_VALUE)
-    # The online softmax, Algorithm 1 lines 8-10, as in _common.online_softmax_update.
-    m_new = jnp.maximum(m_prev, s.max(axis=1))
-    alpha = jnp.exp(m_prev - m_new)
-    p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-    if masked:
-      p = jnp.where(valid, p, 0.0)
-    l_new = alpha * l_prev + p.sum(axis=1)
-    plgpu.barrier_wait(v_bar.at[slot])
-    pv = pv_tile(p.astype(v_smem.dtype), v_smem.at[slot])  # [bq, dv] f32
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
-    # Both WGMMAs reading this slot are done (their results are in registers): refill it.
-    pl.when(j + STAGES < n)(functools.partial(fetch, j + STAGES, slot))
-    return m_new, l_new, acc
-
-  init = (cast(jnp.full((bq,), _common.MASK_VALUE, _F32), row_layout),
-          cast(jnp.full((bq,), 0.0, _F32), row_layout),
-          cast(jnp.full((bq, dv), 0.0, _F32), plgpu.Layout.WGMMA))
-  # Key tiles every row of this query tile sees whole skip the mask (FlashAttention-3's split).
-  n_whole = jnp.minimum(
-      _common.whole_key_blocks(i, bq, block_k, key_length, query_length, causal), n)
-  carry = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
-  m, l, acc = lax.fori_loop(n_whole, n, functools.partial(body, masked=True), carry)
-  # Algorithm 1, lines 12-13, as in _common.finish_softmax: empty rows -> (0, -inf).
-  nonempty = l > 0
-  l_safe = jnp.where(nonempty, l, 1.0)
-  o_smem[...] = (acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])).astype(o_smem.dtype)
-  lse_smem[...] = jnp.where(nonempty, m + jnp.log(l_safe), -jnp.inf)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, h, pl.ds(q0, bq)])
-  plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q0, bq)])
-  plgpu.wait_smem_to_gmem(0)
+@functools.lru_cache(maxsize=None)
+def _log_causal_fallback(version: int) -> None:  # once per process and version
+  log.warning("Mosaic GPU attention: causal masking runs the Triton forward under CUDA %d.%d "
+              "(runtime %d): ptxas 12.8.0-12.9.0 miscompiles the causal mask", version // 1000,
+              version % 1000 // 10, version)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,59 +168,86 @@ def _interpret_params():
   return InterpretGPUParams()
 
 
+def _scratch(s: Schedule, dtype, d_p: int, dv_p: int, block_k: int):
+  """Shared memory and barriers of one program, in the kernel bodies' argument order."""
+  swizzled = lambda: (plgpu.TilingTransform((8, FEATURE_MULTIPLE)), plgpu.SwizzleTransform(128))
+  lead = (s.compute_wgs,) if s.memory_wg else ()  # one tile per compute warpgroup
+  q = plgpu.SMEM((*lead, WARPGROUP_ROWS, d_p), dtype, transforms=swizzled())
+  o = None if dv_p == d_p else plgpu.SMEM((*lead, WARPGROUP_ROWS, dv_p), dtype,
+                                          transforms=swizzled())
+  tiles = [plgpu.SMEM((STAGES, block_k, d_p), dtype, transforms=swizzled()),
+           plgpu.SMEM((STAGES, block_k, dv_p), dtype, transforms=swizzled()),
+           plgpu.SMEM((*lead, WARPGROUP_ROWS), _F32),
+           plgpu.Barrier(num_barriers=s.compute_wgs if s.memory_wg else 1),
+           plgpu.Barrier(num_barriers=STAGES), plgpu.Barrier(num_barriers=STAGES)]
+  if s.memory_wg:  # both compute warpgroups release a slot; they take turns
+    tiles += [plgpu.Barrier(num_arrivals=s.compute_wgs, num_barriers=STAGES)] * 2
+    tiles += [plgpu.Barrier(num_arrivals=s.compute_wgs)]
+  return q, o, tiles
+
+
 def mosaic_forward(q, k, v, kl, ql, *, scale: float, causal: bool, block_k: int,
-                   interpret: bool = False):
+                   schedule: str = "pipelined", interpret: bool = False):
   """The Mosaic GPU kernel on head-major operands of any length (padded here, sliced back).
 
   q: [B, H, Tq, d], k: [B, H, Tk, d], v: [B, H, Tk, dv], bfloat16 or float16, one dtype;
-  kl, ql: [B] int32 in [0, Tk], [0, Tq]. block_k: key tile, a multiple of 64.
+  kl, ql: [B] int32 in [0, Tk], [0, Tq]. block_k: key tile, one of legal_block_ks(...);
+  schedule: a key of SCHEDULES.
   Returns (out [B, H, Tq, dv] in the input dtype, lse [B, H, Tq] float32).
   """
   B, H, Tq, d = q.shape
   Tk, dv = k.shape[2], v.shape[-1]
-  if not supports(q.dtype, d, dv) or block_k % FEATURE_MULTIPLE:
+  s = SCHEDULES[schedule]
+  if not supports(q.dtype, d, dv) or block_k not in legal_block_ks(d, dv, q.dtype, schedule):
     raise ValueError(f"the Mosaic GPU forward takes bfloat16/float16, head dims <= {MAX_HEAD_DIM} "
-                     f"and block_k a multiple of 64; got {q.dtype}, d={d}, dv={dv}, {block_k=}")
-  Tq_p, Tk_p = _round_up(Tq, WARPGROUP_ROWS), _round_up(Tk, block_k)
+                     f"and block_k in {legal_block_ks(d, dv, q.dtype, schedule)} ({schedule}); "
+                     f"got {q.dtype}, d={d}, dv={dv}, {block_k=}")
+  Tq_p, Tk_p = _round_up(Tq, s.rows), _round_up(Tk, block_k)
   d_p, dv_p = _round_up(d, FEATURE_MULTIPLE), _round_up(dv, FEATURE_MULTIPLE)
   pad = lambda x, T, width: _common.pad_axis(_common.pad_axis(x, 2, T), 3, width)
   q, k, v = pad(q, Tq_p, d_p), pad(k, Tk_p, d_p), pad(v, Tk_p, dv_p)
-  swizzled = lambda: (plgpu.TilingTransform((8, FEATURE_MULTIPLE)), plgpu.SwizzleTransform(128))
-  scratch = [plgpu.SMEM((WARPGROUP_ROWS, d_p), q.dtype, transforms=swizzled()),
-             plgpu.SMEM((STAGES, block_k, d_p), q.dtype, transforms=swizzled()),
-             plgpu.SMEM((STAGES, block_k, dv_p), q.dtype, transforms=swizzled()),
-             plgpu.SMEM((WARPGROUP_ROWS, dv_p), q.dtype, transforms=swizzled()),
-             plgpu.SMEM((WARPGROUP_ROWS,), _F32),
-             plgpu.Barrier(), plgpu.Barrier(num_barriers=STAGES),
-             plgpu.Barrier(num_barriers=STAGES)]
+  q_scratch, o_scratch, scratch = _scratch(s, q.dtype, d_p, dv_p, block_k)
+  body = (_mgpu_kernels.warp_specialized_kernel if s.memory_wg
+          else _mgpu_kernels.pipelined_kernel)
 
-  def flash_attention_fwd_mgpu(*refs):  # the launch takes its name from the body
-    _fwd_kernel(*refs, scale=scale, causal=causal, block_k=block_k, interpret=interpret)
+  def run(*refs):
+    refs = list(refs)
+    if o_scratch is None:  # the output tile is q's
+      refs.insert(8, refs[7])
+    body(*refs, scale=scale, causal=causal, interpret=interpret)
 
+  threads = dict(num_threads=s.compute_wgs + 1, thread_name="wg") if s.memory_wg else {}
   out, lse = plgpu.kernel(
-      flash_attention_fwd_mgpu, out_type=[jax.ShapeDtypeStruct((B, H, Tq_p, dv_p), q.dtype),
-                        jax.ShapeDtypeStruct((B, H, Tq_p), _F32)],
-      scratch_types=scratch, grid=(H, Tq_p // WARPGROUP_ROWS, B),
-      grid_names=("heads", "q_blocks", "batch"), compiler_params=plgpu.CompilerParams(),
-      interpret=_interpret_params() if interpret else False,
+      run, kernel_name=s.kernel_name,
+      out_type=[jax.ShapeDtypeStruct((B, H, Tq_p, dv_p), q.dtype),
+                jax.ShapeDtypeStruct((B, H, Tq_p), _F32)],
+      scratch_types=[q_scratch] + ([] if o_scratch is None else [o_scratch]) + scratch,
+      grid=(H, Tq_p // s.rows, B), grid_names=("heads", "q_blocks", "batch"),
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params() if interpret else False, **threads,
   )(q, k, v, kl, ql)
   return out[:, :, :Tq, :dv], lse[:, :, :Tq]
 
 
-def forward(q, k, v, theta, kl, ql, cfg, *, fallback):
+def forward(q, k, v, theta, kl, ql, cfg, *, fallback, schedule: str = "pipelined"):
   """The "mosaic_gpu" targets' forward of the dot-product kernel (`kernels/targets/mosaic_gpu.py`):
-  the Mosaic GPU forward where it applies, `fallback` (the kernel's own forward on the target's
-  Triton launch, same arguments) for float32 or wide heads. The target is compiled for CUDA only,
-  or interpreted (cfg.interpret: the Mosaic GPU interpreter).
+  the Mosaic GPU forward with `schedule` where it applies, `fallback` (the kernel's own forward
+  on the Triton launch, same arguments) for float32, wide heads, and causal calls compiled under
+  a CUDA whose ptxas miscompiles the mask (`cuda_runtime_version()`; logged once). The target is
+  compiled for CUDA only, or interpreted (cfg.interpret: the Mosaic GPU interpreter, no ptxas).
 
   Operands as `_skeleton.FusedKernel.forward`'s (padded, head-major). Returns (out [B, H, Tq_p,
   dv_p], lse [B, H, Tq_p] float32). cfg.poison does not apply: every tile is written whole.
+  cfg.blocks.block_k asks for the key tile (`pick_block_k`).
   """
-  if not supports(q.dtype, q.shape[-1], v.shape[-1]):
+  d, dv = q.shape[-1], v.shape[-1]
+  if not supports(q.dtype, d, dv):
     return fallback(q, k, v, theta, kl, ql, cfg)
-  block_k = max(FEATURE_MULTIPLE, cfg.blocks.block_k)
-  while block_k > FEATURE_MULTIPLE and (
-      smem_bytes(q.shape[-1], v.shape[-1], block_k, q.dtype) > SMEM_LIMIT):
-    block_k //= 2  # e.g. d = 256 with block_k = 128 would not fit
+  if cfg.causal and not cfg.interpret:
+    version = cuda_runtime_version()
+    if ptxas_miscompiles_causal(version):
+      _log_causal_fallback(version)
+      return fallback(q, k, v, theta, kl, ql, cfg)
+  block_k = pick_block_k(cfg.blocks.block_k, d, dv, q.dtype, schedule)
   return mosaic_forward(q, k, v, kl, ql, scale=dict(cfg.score_kw)["scale"], causal=cfg.causal,
-                        block_k=block_k, interpret=bool(cfg.interpret))
+                        block_k=block_k, schedule=schedule, interpret=bool(cfg.interpret))

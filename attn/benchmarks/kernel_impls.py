@@ -35,9 +35,9 @@ def _ours(fn, implementation, **options):
   return build
 
 
-def _ours_mosaic(fn):
-  """Our kernel on target "mosaic_gpu" (its Mosaic GPU forward): Hopper only (WGMMA)."""
-  ours = _ours(fn, "pallas", target="mosaic_gpu")
+def _ours_mosaic(fn, target="mosaic_gpu"):
+  """Our kernel on a "mosaic_gpu" target (its Mosaic GPU forward): Hopper only (WGMMA)."""
+  ours = _ours(fn, "pallas", target=target)
 
   def build(causal, blocks):
     if jax.default_backend() != "gpu":
@@ -126,6 +126,7 @@ KERNELS.add("dot", BenchImpl(
     impls={
         "pallas": _ours(_flash.attention, "pallas"),
         "pallas_mosaic": _ours_mosaic(_flash.attention),  # Mosaic GPU forward, Triton backward
+        "pallas_mosaic_ws": _ours_mosaic(_flash.attention, "mosaic_gpu_ws"),  # warp-specialized
         "blocked": _ours(_flash.attention, "blocked"),
         "naive": _ours(_flash.attention, "xla"),
         "xla": _jax_nn("xla"),  # jax.nn.dot_product_attention(implementation="xla")

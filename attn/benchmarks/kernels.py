@@ -54,9 +54,9 @@ class BenchConfig:
   causal: tuple[bool, ...] = option((False,), "Causal settings to sweep (true/false).")
   modes: tuple[str, ...] = option(("fwd",), "fwd and/or fwd_bwd.")
   impls: tuple[str, ...] = option(("blocked", "naive"),
-                                  "dot: pallas, pallas_mosaic, blocked, naive, xla, cudnn, "
-                                  "jax_triton, jax_mgpu, tokamax; additive: pallas, blocked, "
-                                  "naive.")
+                                  "dot: pallas, pallas_mosaic, pallas_mosaic_ws, blocked, "
+                                  "naive, xla, cudnn, jax_triton, jax_mgpu, tokamax; additive: "
+                                  "pallas, blocked, naive.")
   repeats: int = option(5, "Timed calls (median reported).")
   repeats_per_len: tuple[int, ...] = option((), "Timed calls per --seq_lens entry, in its order "
                                             "(fewer where one call is long); default --repeats.")
