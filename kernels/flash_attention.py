@@ -19,13 +19,17 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
   runs in CPU interpret mode, which is what our CI tests; a Mosaic GPU kernel is a different
   program (warpgroups, TMA copies, barriers, explicit pipelining) that CPU interpret mode would
   not cover the same way, and no GPU was available to validate one when this was written.
-- Triton runs on every NVIDIA generation we use (Ampere to Hopper); Mosaic GPU targets Hopper+.
+- Triton runs on Ampere to Hopper with its tiles fitted to the GPU's shared memory
+  (`kernels/targets/smem.py`: the host's GPU class, or ATTN_TRITON_SMEM=ampere|sm86|hopper);
+  Mosaic GPU targets Hopper+. float32 dots are IEEE float32 (precision HIGHEST; Triton's
+  default would be TF32), on CUDA cores: bfloat16/float16 is the fast path.
 - The cost: JAX deprecated the Pallas Triton lowering in 0.11 (still present in 0.11.2, our GPU
   pin), and Triton-from-Pallas leaves Hopper's wgmma/TMA speed on the table. The road to the
   Hopper target is a Mosaic GPU forward behind the same `implementation="pallas"` name, validated
   on a GPU against this kernel. That forward exists (`kernels/flash_attention_mgpu.py`, TMA +
-  WGMMA), chosen with target="mosaic_gpu" ("auto" keeps Triton until it has run on a Hopper GPU);
-  its residuals feed the same Triton backward.
+  WGMMA), chosen with target="mosaic_gpu" (or "mosaic_gpu_ws", FlashAttention-3's
+  warp-specialized schedule; "auto" keeps Triton until they have run on a Hopper GPU); their
+  residuals feed the same Triton backward.
 The GPU launch indexes the [B, T, H, d] arrays as given (blocks (None, rows, None, d)): no
 transpose around the pallas_calls, and padding only for lengths off the tiles or widths that are
 not powers of two >= 16.

@@ -9,7 +9,7 @@ from kernels.targets.base import AUTO, TARGETS, Target
 # The entries (each module registers its targets on import).
 from kernels.targets import triton  # noqa: E402,F401  "triton", "interpret"
 from kernels.targets import tpu  # noqa: E402,F401  "tpu", "tpu_interpret"
-from kernels.targets import mosaic_gpu  # noqa: E402,F401  "mosaic_gpu", "mosaic_gpu_interpret"
+from kernels.targets import mosaic_gpu  # noqa: E402,F401  "mosaic_gpu", "mosaic_gpu_ws", twins
 from kernels.targets import cpu_blocked  # noqa: E402,F401  "cpu_blocked"
 
 __all__ = ["AUTO", "TARGETS", "Target", "get", "names"]
