@@ -191,6 +191,8 @@ def test_shared_embedding_needs_one_vocabulary(tmp_path):
   assert not os.path.exists(tmp_path / "run")  # refused before anything was written
 
 
+# slow: test_shared_embedding_is_one_matrix pins the sharing and tests/test_train.py the resume
+@pytest.mark.slow
 def test_shared_embedding_trains_and_resumes(tmp_path):
   """A run with one embedding trains, saves, resumes (the shared variable restores once)."""
   config = translate_config.get_config("smoke")

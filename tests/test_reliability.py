@@ -147,6 +147,9 @@ def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_
   assert path.stat().st_size > 1000
 
 
+# slow: tests/test_summarize.py's code_runs train the pointer-generator and switch coverage on
+# fast
+@pytest.mark.slow
 def test_translation_trains_the_pointer_generator_and_coverage(tmp_path):
   # Before: experiments.translate accepted model.rnn.pointer / coverage and trained the plain
   # loss: the p_gen gate kept its initial weights while decoding mixed in the copy
@@ -200,6 +203,9 @@ def test_ctrl_c_during_the_last_evaluation_resumes_to_the_uninterrupted_result(t
 
 # ------------------------------------------------------------------------------ lost records
 
+# slow: tests/test_train.py::test_max_wall_s_stops_training_then_evaluates_and_saves pins the
+# budget fast
+@pytest.mark.slow
 def test_a_resumed_run_asked_for_more_steps_with_its_time_budget_spent_says_so(tmp_path):
   """train.max_wall_s is the whole run's budget: a rerun that raises train.steps but cannot
   train is refused in one line, the workdir untouched; the same command rerun still decodes."""

@@ -154,6 +154,9 @@ def _tiny_sweep(**kw):
       "batch_size": 8, "train_size": 60, "test_size": 40, "num_samples": 1, **kw})
 
 
+# slow: retrieve trains through the shared loop, whose Ctrl-C resume tests/test_recommend.py and
+# tests/test_reliability.py pin fast
+@pytest.mark.slow
 def test_a_sweep_stopped_by_ctrl_c_resumes_to_the_results_of_an_uninterrupted_one(
     tmp_path, monkeypatch):
   cfg = _tiny_sweep()
