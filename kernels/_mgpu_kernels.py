@@ -60,7 +60,11 @@ def ops(interpret: bool) -> Ops:
   """WGMMA with PV accumulated in place on a GPU; dot_general in the interpreter, whose WGMMA
   takes neither a transposed operand nor one from registers and which has no `pl.run_state`."""
   if interpret:
-    return Ops(s_tile=lambda q, k, issued: (issued(), _common.dot_nt(q[...], k[...]))[1],
+    def s_tile_interpreted(q_smem, k_smem, issued):
+      issued()  # the product below is synchronous: the barrier hook runs first, as on a GPU
+      return _common.dot_nt(q_smem[...], k_smem[...])
+
+    return Ops(s_tile=s_tile_interpreted,
                pv_into=lambda acc, p, v: acc + _common.dot(p, v[...]),
                cast=lambda x, layout: x,
                iota=lambda shape, dim: lax.broadcasted_iota(jnp.int32, shape, dim))
@@ -85,7 +89,7 @@ def ops(interpret: bool) -> Ops:
 
 
 def _nothing():
-  pass
+  """The default barrier hook of `key_tile`: a schedule with no other warpgroup to signal."""
 
 
 def init_carry(o: Ops, bq: int, dv: int):
