@@ -65,11 +65,21 @@ _PROGRAM = textwrap.dedent("""
 """)
 
 
-def _program(directory, tmp_path):
+def _run_program(directory, tmp_path, max_file_bytes=None):
+  """_PROGRAM in a fresh process; max_file_bytes emulates a full disk (RLIMIT_FSIZE)."""
   env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  p = subprocess.run([sys.executable, "-c", _PROGRAM, directory], cwd=tmp_path, env=env,
-                     capture_output=True, text=True, timeout=300)
+  code = _PROGRAM
+  if max_file_bytes is not None:
+    code = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_bytes}, {max_file_bytes}))\n"
+            + code)
+  return subprocess.run([sys.executable, "-c", code, directory], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _program(directory, tmp_path):
+  p = _run_program(directory, tmp_path)
   assert p.returncode == 0, p.stderr[-2000:]
   return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -107,6 +117,43 @@ def test_processes_sharing_a_directory_take_its_lock_and_agree(tmp_path):
   assert {o["out"] for o in outs} == {alone["out"]}
   assert os.path.exists(os.path.join(cache, ".lockfile"))
   assert sum(o["written"] for o in outs) >= 1
+
+
+def _entries(directory):
+  names = os.listdir(directory)
+  return ({n[:-len("-cache")] for n in names if n.endswith("-cache")},
+          {n[:-len("-atime")] for n in names if n.endswith("-atime")})
+
+
+def test_a_write_cut_short_by_a_full_disk_does_not_stop_later_processes_writing(tmp_path):
+  """JAX writes an entry's bytes, then its access time; a full disk between the two leaves an
+  entry with no access time, on which JAX's eviction scan (run by every write) fails ever after.
+  The next process to enable the cache removes it, and writes and loads as usual."""
+  cache = str(tmp_path / "xla")
+  cut = _run_program(cache, tmp_path, max_file_bytes=2_000)  # the first entry is larger
+  assert cut.returncode == 0, cut.stderr[-2000:]  # the compiled programs still ran
+  written, timed = _entries(cache)
+  assert len(written - timed) == 1  # the cut entry; each later write failed on it
+  assert "Error writing persistent compilation cache entry for 'jit_chain'" in cut.stderr
+  p = _run_program(cache, tmp_path)
+  assert p.returncode == 0 and "Error writing persistent compilation cache" not in p.stderr, (
+      p.stderr[-2000:])
+  first = json.loads(p.stdout.strip().splitlines()[-1])
+  assert first["written"] >= 1 and first["loaded"] == 0
+  written, timed = _entries(cache)
+  assert written == timed and any(k.startswith("jit_chain-") for k in written)
+  second = _program(cache, tmp_path)
+  assert second["loaded"] >= 1 and second["written"] == 0 and second["out"] == first["out"]
+
+
+def test_repair_leaves_whole_entries_alone(tmp_path):
+  for key, files in (("whole", ("-cache", "-atime")), ("cut", ("-cache",)),
+                     ("orphan_time", ("-atime",))):
+    for suffix in files:
+      (tmp_path / f"{key}{suffix}").write_bytes(b"x")
+  assert compile_cache.repair(str(tmp_path)) == ["cut"]
+  assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+      "orphan_time-atime", "whole-atime", "whole-cache"]
 
 
 def test_the_cache_has_a_size_limit_so_jax_locks_it(tmp_path):

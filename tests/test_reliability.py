@@ -34,7 +34,7 @@ def _tiny(**train_kw):
   return c
 
 
-def _cli(*args, max_file_bytes=None, timeout=300):
+def _cli(*args, max_file_bytes=None, timeout=300, env=None):
   """`python -m experiments.translate ARGS`; max_file_bytes emulates a full disk (RLIMIT_FSIZE,
   set inside the child rather than by a fork hook, which a multithreaded parent must avoid)."""
   if max_file_bytes is None:
@@ -45,7 +45,8 @@ def _cli(*args, max_file_bytes=None, timeout=300):
            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_bytes}, {max_file_bytes})); "
            "sys.argv = ['translate'] + sys.argv[1:]; "
            "runpy.run_module('experiments.translate', run_name='__main__')", *args]
-  return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                        env=None if env is None else {**os.environ, **env})
 
 
 def _one_error_line(p):
@@ -353,12 +354,15 @@ def test_a_resumed_cli_run_writes_every_step_once(tmp_path):
   assert train_steps == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path):
+def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path, tmp_path_factory):
   training.train_and_evaluate(_tiny(steps=2), str(tmp_path))  # checkpoint of step 2
 
-  # A full disk: no file may grow past 20 kB (a checkpoint's arrays do; the logs do not).
+  # A full disk: no file may grow past 20 kB (a checkpoint's arrays do; the logs do not). The
+  # disk is full for the compilation cache too, so the run gets a cache of its own: a cut entry
+  # in the suite's shared one would hold up every process writing to it until the next start.
   p = _cli(SMOKE, f"--workdir={tmp_path}", "--config.train.steps=8",
-           "--config.train.log_every=1", "--config.train.eval_every=100", max_file_bytes=20_000)
+           "--config.train.log_every=1", "--config.train.eval_every=100", max_file_bytes=20_000,
+           env={"ATTN_COMPILE_CACHE": str(tmp_path_factory.mktemp("full_disk_xla"))})
   assert p.returncode == 2
   line = _one_error_line(p)
   assert "checkpoint of step 4 failed" in line and "step 2 is intact" in line, line

@@ -25,6 +25,10 @@ half-written. A compressor without a checksum (zstandard, where installed) then 
 bytes to XLA's deserializer, which aborts the process. So the cache always has a limit,
 MAX_BYTES (least recently used entries are evicted past it), and every read and write holds the
 lock. An entry left short by a killed process fails to decompress and is compiled again.
+JAX writes an entry's bytes, then its access time (`<key>-atime`, beside `<key>-cache`); a write
+cut between the two (a full disk, a kill) leaves an entry with no access time, and JAX's eviction
+scan, which every later write runs, then fails on it: no process writes to that directory again,
+and each compile prints a warning. `enable` removes such entries first (`repair`).
 The price of the limit: every write scans the directory (JAX sizes it for eviction), so the cost
 of a write grows with the entries. Programs of a second or more stay in the thousands within
 MAX_BYTES; a threshold of 0 with op-by-op work writes tens of thousands of tiny programs, and a
@@ -41,6 +45,7 @@ ENV = "ATTN_COMPILE_CACHE"
 # The cache's size limit: what turns JAX's inter-process lock on, and bounds the directory.
 MAX_BYTES = 4 << 30
 OFF = ("off", "none", "0", "false", "")
+_ENTRY, _ACCESS_TIME = "-cache", "-atime"  # JAX's names for an entry's two files
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # compiles and cache loads alike
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -132,6 +137,27 @@ def stats() -> CompileStats:
     return dataclasses.replace(_stats)
 
 
+def repair(directory: str, timeout_s: float = 10.0) -> list[str]:
+  """Removes the entries of `directory` whose write was cut short before JAX wrote their access
+  time (module docstring), holding the cache's lock; returns their keys. Such an entry is
+  suspect (its bytes may be cut short too) and is simply compiled again. A lock still held after
+  `timeout_s` leaves the directory as it is."""
+  import filelock  # pylint: disable=import-outside-toplevel  (JAX's own lock, a dependency of it)
+  try:
+    with filelock.FileLock(os.path.join(directory, ".lockfile"), timeout=timeout_s):
+      names = set(os.listdir(directory))
+      cut = sorted(n[:-len(_ENTRY)] for n in names
+                   if n.endswith(_ENTRY) and n[:-len(_ENTRY)] + _ACCESS_TIME not in names)
+      for key in cut:
+        try:
+          os.remove(os.path.join(directory, key + _ENTRY))
+        except FileNotFoundError:
+          pass
+  except (filelock.Timeout, OSError):
+    return []
+  return cut
+
+
 def enable(directory: str | None = None) -> str | None:
   """Turns the persistent cache on in `directory` (default: `configured_dir()`) and starts the
   count; returns the directory, or None when the cache stays off. Call before the first
@@ -145,6 +171,7 @@ def enable(directory: str | None = None) -> str | None:
     os.makedirs(directory, exist_ok=True)
   except OSError:
     return None  # a read-only home: run without the cache rather than fail
+  repair(directory)
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)  # the lock (module docstring)
   return directory
