@@ -354,15 +354,16 @@ def test_a_resumed_cli_run_writes_every_step_once(tmp_path):
   assert train_steps == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path, tmp_path_factory):
+def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path):
   training.train_and_evaluate(_tiny(steps=2), str(tmp_path))  # checkpoint of step 2
 
   # A full disk: no file may grow past 20 kB (a checkpoint's arrays do; the logs do not). The
-  # disk is full for the compilation cache too, so the run gets a cache of its own: a cut entry
-  # in the suite's shared one would hold up every process writing to it until the next start.
+  # disk is full for the compilation cache too, so the run reads the suite's shared cache but
+  # writes nothing to it: an entry cut short there would stop every process writing to it until
+  # the next one starts (attn/common/compile_cache.py).
   p = _cli(SMOKE, f"--workdir={tmp_path}", "--config.train.steps=8",
            "--config.train.log_every=1", "--config.train.eval_every=100", max_file_bytes=20_000,
-           env={"ATTN_COMPILE_CACHE": str(tmp_path_factory.mktemp("full_disk_xla"))})
+           env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1e9"})
   assert p.returncode == 2
   line = _one_error_line(p)
   assert "checkpoint of step 4 failed" in line and "step 2 is intact" in line, line
