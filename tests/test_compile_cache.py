@@ -202,3 +202,11 @@ def test_the_suite_leaves_tiny_programs_out_of_its_shared_cache():
   if os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") not in (None, "0.1"):
     pytest.skip("the caller chose its own JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
   assert jax.config.jax_persistent_cache_min_compile_time_secs >= 0.1
+
+
+def test_the_suite_compiles_with_xlas_elemental_cpu_emitters():
+  """The suite's many small programs compile in about half the time (tests/conftest.py)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_cpu_use_fusion_emitters" not in flags:
+    pytest.skip("this jaxlib's XLA does not know --xla_cpu_use_fusion_emitters")
+  assert "--xla_cpu_use_fusion_emitters=false" in flags

@@ -41,7 +41,9 @@ def test_run_layer_equals_flax_rnn_in_value_and_gradient(cell, bidirectional, co
 
   ours = lambda layer: enc.run_layer(layer, x, lengths)
   flax_rnn = lambda layer: layer(x, seq_lengths=lengths)
-  (out, carry), (want_out, want_carry) = summary(layer, ours), summary(layer, flax_rnn)
+  # Under jit: one program each, not one per scan and per op (the test's time is compiling).
+  (out, carry), (want_out, want_carry) = (nnx.jit(lambda l: summary(l, ours))(layer),
+                                          nnx.jit(lambda l: summary(l, flax_rnn))(layer))
   np.testing.assert_allclose(out, want_out, atol=tol)
   for got, want in zip(jax.tree.leaves(carry), jax.tree.leaves(want_carry)):
     np.testing.assert_allclose(got, want, atol=tol)
@@ -49,8 +51,8 @@ def test_run_layer_equals_flax_rnn_in_value_and_gradient(cell, bidirectional, co
   weights = jax.random.normal(jax.random.PRNGKey(1), want_out.shape)
   loss = lambda run: lambda layer: jnp.sum(summary(layer, run)[0] * weights) + sum(
       jnp.sum(c) for c in jax.tree.leaves(summary(layer, run)[1]))
-  grads = nnx.grad(loss(ours))(layer)
-  want_grads = nnx.grad(loss(flax_rnn))(layer)
+  grads = nnx.jit(nnx.grad(loss(ours)))(layer)
+  want_grads = nnx.jit(nnx.grad(loss(flax_rnn)))(layer)
   for got, want in zip(jax.tree.leaves(nnx.state(grads, nnx.Param)),
                        jax.tree.leaves(nnx.state(want_grads, nnx.Param))):
     np.testing.assert_allclose(got, want, atol=10 * tol, rtol=1e-4)
