@@ -28,9 +28,9 @@ if "ATTN_COMPILE_CACHE" not in os.environ:
 # XLA:CPU's backend (LLVM) at optimization level 0 for every process of the suite: a smoke run
 # compiles its ~60 programs in ~50 s instead of ~120 s, with the same perplexity and BLEU to the
 # last digit (the demo preset's 600 steps move its last digits, so its pinned test runs with
-# XLA's defaults: tests/test_pinned_results.py). The HLO passes (fusion, layout, buffer assignment) still run, so memory figures
-# the tests read are unchanged; the matmuls run in the same library calls. Set before any
-# backend starts; a level in the caller's XLA_FLAGS wins.
+# XLA's defaults: tests/test_pinned_results.py). The HLO passes (fusion, layout, buffer
+# assignment) still run, so memory figures the tests read are unchanged; the matmuls run in the
+# same library calls. Set before any backend starts; a level in the caller's XLA_FLAGS wins.
 _OPT_LEVEL = "--xla_backend_optimization_level"
 if _OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_OPT_LEVEL}=0".strip()
@@ -40,9 +40,10 @@ if _OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
 # most of each compile. Measured on 2 cores: the pinned-results, precision, train and model
 # tests take 83 s instead of 120 s (compiling 1,054 programs in 30 s instead of 61 s), and the
 # smoke preset still reproduces its recorded figures to the last digit; the whole suite took
-# 543 s instead of 778 s. Fusion decisions and
-# buffers are the HLO passes', so memory figures are unchanged. XLA aborts on a flag it does not know, so a jaxlib without this one (the emitters
-# may go) is asked first, once, by the process that starts the suite; its workers inherit it.
+# 543 s instead of 778 s. Fusion decisions and buffers are the HLO passes', so memory figures
+# are unchanged. XLA aborts on a flag it does not know, so a jaxlib without this one (the
+# emitters may go) is asked first, once, by the process that starts the suite; its workers
+# inherit the answer in XLA_FLAGS.
 _EMITTERS = "--xla_cpu_use_fusion_emitters"
 
 

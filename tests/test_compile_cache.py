@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import full_disk
 from attn.common import compile_cache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,9 +72,7 @@ def _run_program(directory, tmp_path, max_file_bytes=None):
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   code = _PROGRAM
   if max_file_bytes is not None:
-    code = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_bytes}, {max_file_bytes}))\n"
-            + code)
+    code = full_disk.prelude(max_file_bytes) + code
   return subprocess.run([sys.executable, "-c", code, directory], cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=300)
 

@@ -65,8 +65,8 @@ def _run_as_users_do(preset, decoder, workdir):
   p = subprocess.run([sys.executable, "-m", "experiments.translate",
                       f"--config=experiments/configs/translate.py:{preset}",
                       f"--config.model.rnn.decoder={decoder}", f"--workdir={workdir}"],
-                     cwd=REPO, capture_output=True,
-                     text=True, timeout=1800, env={**os.environ, "XLA_FLAGS": flags})
+                     cwd=REPO, capture_output=True, text=True, timeout=1800,
+                     env={**os.environ, "XLA_FLAGS": flags})
   assert p.returncode == 0, p.stderr[-3000:]
   with open(os.path.join(workdir, "results.json")) as f:
     return json.load(f)

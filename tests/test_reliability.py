@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+import full_disk
 from attn import data, training
 from attn.errors import ConfigError, DataError
 from attn.training import evaluation, loop, workdir as workdir_lib
@@ -35,15 +36,13 @@ def _tiny(**train_kw):
 
 
 def _cli(*args, max_file_bytes=None, timeout=300, env=None):
-  """`python -m experiments.translate ARGS`; max_file_bytes emulates a full disk (RLIMIT_FSIZE,
-  set inside the child rather than by a fork hook, which a multithreaded parent must avoid)."""
+  """`python -m experiments.translate ARGS`; max_file_bytes emulates a full disk (full_disk.py);
+  env entries are added to this process's environment."""
   if max_file_bytes is None:
     cmd = [sys.executable, "-m", "experiments.translate", *args]
   else:
-    cmd = [sys.executable, "-c",
-           "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-           f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_bytes}, {max_file_bytes})); "
-           "sys.argv = ['translate'] + sys.argv[1:]; "
+    cmd = [sys.executable, "-c", full_disk.prelude(max_file_bytes) +
+           "import runpy, sys; sys.argv = ['translate'] + sys.argv[1:]; "
            "runpy.run_module('experiments.translate', run_name='__main__')", *args]
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env=None if env is None else {**os.environ, **env})

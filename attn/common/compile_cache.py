@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import threading
 
 ENV = "ATTN_COMPILE_CACHE"
@@ -149,10 +150,7 @@ def repair(directory: str, timeout_s: float = 10.0) -> list[str]:
       cut = sorted(n[:-len(_ENTRY)] for n in names
                    if n.endswith(_ENTRY) and n[:-len(_ENTRY)] + _ACCESS_TIME not in names)
       for key in cut:
-        try:
-          os.remove(os.path.join(directory, key + _ENTRY))
-        except FileNotFoundError:
-          pass
+        pathlib.Path(directory, key + _ENTRY).unlink(missing_ok=True)
   except (filelock.Timeout, OSError):
     return []
   return cut
