@@ -87,8 +87,9 @@ def decoding_applications() -> list[str]:
 def application(s: Settings) -> str:
   """The application of the run in `s.workdir`, read from its records alone (application.json,
   launch.json, its scores or its application's results file; translate when none says): a
-  WorkdirError when it is no directory, a ConfigError when its task decodes nothing. Nothing is
-  loaded."""
+  WorkdirError when it is no directory, a ConfigError when its task decodes nothing or it names
+  no registered application. Nothing is loaded."""
+  from attn import apps  # pylint: disable=import-outside-toplevel
   from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
   from attn.training import workdir  # pylint: disable=import-outside-toplevel
   if not os.path.isdir(s.workdir):
@@ -98,6 +99,7 @@ def application(s: Settings) -> str:
                                "results.json)")
   name = (workdir.recorded_application(s.workdir) or entry_points.experiment_of(s.workdir)
           or "translate")
+  apps.app(name)  # ConfigError listing the known applications if it is none of them
   decoding = decoding_applications()
   if name not in decoding:
     raise ConfigError(f"{s.workdir} holds a {name} run, whose task decodes nothing: "
