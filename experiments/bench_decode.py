@@ -1,15 +1,19 @@
-r"""Decoding speed of a finished translate run: greedy and beam search over a whole split.
+r"""Decoding speed of a finished run whose task decodes (translate, summarize, caption, and any
+application registered later whose task is a Seq2SeqTask): greedy and beam search over a whole
+split, beside the task's own score.
 
     python -m experiments.bench_decode --workdir=workdirs/m30k_bahdanau --split=test \
         --beam_sizes=1,5 --json_out=workdirs/m30k_bahdanau/decode_speed.json
 
 Restores the run (its best checkpoint), decodes the split once per beam size (and beam search
 stop rule, --stops=bound,k_finished) untimed (compiling every batch shape), then times decoding
-the whole split for each (--rounds passes, round-robin), and prints and writes {"sentences",
-"load", "results": [{"beam_size", "stop", "decode_s", "sentences_per_s", "bleu", "mean_words",
-"words_per_s", "compile_s"}, ...]}. The flags are the
-fields of attn.benchmarks.decode_speed.Settings (defaults and help live there); a missing
-workdir or an unfinished run exits with status 2 and one `error:` line.
+the whole split for each (--rounds passes, round-robin), and prints and writes {"application",
+"score", "sentences", "load", "results": [{"beam_size", "stop", "decode_s", "sentences_per_s",
+<score>, "mean_words", "words_per_s", "compile_s"}, ...]}, where "score" names the task's own
+score (the first of its `scores`: bleu, rouge1, digit_accuracy) and each result holds it under
+that name. The flags are the fields of attn.benchmarks.decode_speed.Settings (defaults and help
+live there); a missing workdir, an unfinished run or a run whose task decodes nothing
+(recommend, retrieve, focus) exits with status 2 and one `error:` line.
 """
 
 from absl import flags

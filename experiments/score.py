@@ -72,7 +72,9 @@ class ScoreSettings:
   tune_split: str = option(
       "", "A split (e.g. dev) on which best/ is decoded with every combination of "
           "--length_penalty and --min_decode_len; the combination scoring highest there (BLEU, "
-          "or ROUGE-1 for summaries) decodes --splits. Never one of --splits.")
+          "or ROUGE-1 for summaries) decodes --splits. Never a split scored: one of --splits, "
+          "or a run's own test split without them (a built-in task decodes its own test split "
+          "whatever split is named).")
   force: bool = option(False, "Decode again what a run's scores/ already holds.")
   out: str | None = option(None, "Directory for scores.md, scores.json and the plots.")
 

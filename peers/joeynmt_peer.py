@@ -271,7 +271,8 @@ def decode(args) -> dict:
                     "mean_words": sum(len(h.split()) for h in hyps) / max(len(hyps), 1),
                     "load_before": load_before,
                     "load_after": loadavg()})
-  return {"run": args.run, "sentences": len(references), "results": results,
+  # "score": the score each result holds, named as bench_decode's record names it
+  return {"run": args.run, "score": "bleu", "sentences": len(references), "results": results,
           "decode_s_is": "JoeyNMT's own 'Generation took' (the decoding loop; wall_s adds "
                          "loading the vocabularies, the data and the model)", **_versions()}
 

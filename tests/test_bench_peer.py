@@ -139,8 +139,9 @@ BENCH_LOG = """compiled 8 bucket shapes x 2 dtypes in 40.0 s
 tokens/s relative to float32: bfloat16 1.39x
 """
 PEER_TRAIN = {"tokens_per_s": 1250.0, "median_s_per_step": 1.4, "steps": 3, "step_s": [1, 2]}
-DECODE = {"sentences": 1000, "results": [{"beam_size": 1, "decode_s": 25.0, "bleu": 6.2},
-                                         {"beam_size": 5, "decode_s": 44.0, "bleu": 7.6}]}
+DECODE = {"score": "bleu", "sentences": 1000,
+          "results": [{"beam_size": 1, "decode_s": 25.0, "bleu": 6.2},
+                      {"beam_size": 5, "decode_s": 44.0, "bleu": 7.6}]}
 RESULTS = {"tokens_per_sec_steady": 2900.0, "tokens_per_sec": 2500.0, "params": 13911316,
            "step": 3, "bleu": 5.0}
 
@@ -219,6 +220,25 @@ def test_a_stage_that_exits_0_without_its_figures_fails_too(tmp_path):
     json.dump(PEER_TRAIN, f)  # a stale output of an earlier run is not taken for this one
   with pytest.raises(ps.StageFailed, match=r"^stage peer_rnn: no figures in its output"):
     _run(s, stages, lambda command, log_path: open(log_path, "w").close() or 0)
+
+
+def test_a_decode_stage_scored_by_another_score_fails(tmp_path):
+  """bench_decode names the score its results hold: the sitting's BLEU rows take only bleu."""
+  s = _settings(tmp_path, transformer_steps=0)
+  stages = [st for st in ps.plan(s, data=DATA, warmup=5) if st.name == "ours_rnn_decode"]
+  record = {**DECODE, "score": "rouge1",
+            "results": [{"beam_size": 1, "decode_s": 25.0, "rouge1": 30.0}]}
+
+  def runner(command, log_path):
+    del command
+    open(log_path, "w").close()
+    os.makedirs(os.path.dirname(stages[0].output), exist_ok=True)
+    with open(stages[0].output, "w") as f:
+      json.dump(record, f)
+    return 0
+  with pytest.raises(ps.StageFailed, match=r"^stage ours_rnn_decode: no figures in its output "
+                     r"\(its outputs are scored by rouge1, not bleu"):
+    _run(s, stages, runner)
 
 
 # -- the table

@@ -15,7 +15,10 @@ from flax import nnx
 
 from attn import decoding as decode
 from attn.benchmarks import decode_speed
+from attn import apps, training
+from attn.errors import ConfigError
 from attn.training import evaluation, loop
+from attn.training.seq2seq_task import Seq2SeqTask
 from experiments.configs import caption as caption_config
 from tests.test_decode import edge_case_table, random_table, toy_init, toy_step
 
@@ -152,6 +155,8 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   assert [(r["beam_size"], r["stop"]) for r in record["results"]] == [
       (1, "bound"), (2, "bound"), (2, "k_finished")]
   greedy = record["results"][0]
+  # the task's own score, named by the record: BLEU for a translate run
+  assert (record["application"], record["score"]) == ("translate", "bleu")
   assert greedy["bleu"] == pytest.approx(results["bleu"])  # the run's own test decoding
   for r in record["results"]:
     assert r["decode_s"] > 0 and r["compile_s"] >= 0
@@ -162,6 +167,87 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   assert greedy["mean_words"] == pytest.approx(
       np.mean([len(t.split()) for t in texts.values()]))
   assert set(record["load"]) == {"start", "end"} and record["shrink_to"] == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_caption_workdir(tmp_path_factory):
+  """A finished caption run of the tiny preset, two steps (what it learns does not matter)."""
+  workdir = str(tmp_path_factory.mktemp("tiny_caption"))
+  config = caption_config.get_config("tiny")
+  config.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1,
+                           attention_samples=1))
+  training.train_and_evaluate(config, workdir, task="caption")
+  return workdir
+
+
+def test_bench_decode_scores_a_caption_run_by_its_tasks_own_score(tiny_caption_workdir,
+                                                                  tmp_path):
+  """A caption run is timed and scored by its task's first score (digit accuracy), the number
+  its results.json holds, never by BLEU (it ended in KeyError: 'bleu')."""
+  out = tmp_path / "speed.json"
+  record = decode_speed.run(decode_speed.Settings(workdir=tiny_caption_workdir, beam_sizes=(1,),
+                                                  json_out=str(out)))
+  assert json.loads(out.read_text()) == json.loads(json.dumps(record))
+  with open(os.path.join(tiny_caption_workdir, "results.json")) as f:
+    results = json.load(f)
+  own = apps.app("caption").task_class.scores[0]
+  assert (record["application"], record["score"]) == ("caption", own)
+  [greedy] = record["results"]
+  assert results["beam_size"] == 1 and "bleu" not in greedy
+  assert greedy[own] == pytest.approx(results[own])
+  assert greedy["decode_s"] > 0 and record["sentences"] == 64
+
+
+class _Scored(Seq2SeqTask):
+  """A task registered later: whether it decodes is what its class is, not its name."""
+  scores = ("later_score",)
+
+  def score(self, bundle, role, hyps, src_lengths):
+    raise NotImplementedError
+
+  def selection_metrics(self, bundle):
+    return self.scores
+
+
+@pytest.fixture
+def later_applications():
+  ranking = apps.app("recommend").task_class
+  apps.APPS.add("later_seq2seq", apps.App("experiments.translate", "decodes", task=_Scored))
+  apps.APPS.add("later_ranking", apps.App("experiments.recommend", "ranks", task=ranking))
+  yield
+  apps.APPS.remove("later_seq2seq")
+  apps.APPS.remove("later_ranking")
+
+
+def test_the_applications_bench_decode_reads_are_those_whose_task_decodes(later_applications):
+  decoding = decode_speed.decoding_applications()
+  assert {"translate", "summarize", "caption", "later_seq2seq"} <= set(decoding)
+  assert not {"recommend", "retrieve", "focus", "later_ranking"} & set(decoding)
+
+
+@pytest.mark.parametrize("name,records", [
+    ("recommend", {"application.json": {"application": "recommend"}}),
+    ("retrieve", {"retrieve.json": {}, "model.json": {}}),
+    ("focus", {"focus.json": {}}),
+    ("later_ranking", {"application.json": {"application": "later_ranking"}}),
+])
+def test_a_run_whose_task_decodes_nothing_is_refused_before_any_work(
+    tmp_path, monkeypatch, later_applications, name, records):
+  for file, record in records.items():
+    (tmp_path / file).write_text(json.dumps(record))
+
+  def no_work(*a, **k):
+    raise AssertionError("worked before refusing")
+  monkeypatch.setattr(decode_speed.harness, "machine", no_work)
+  monkeypatch.setattr(loop, "load_run", no_work)
+  with pytest.raises(ConfigError) as e:
+    decode_speed.run(decode_speed.Settings(workdir=str(tmp_path)))
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith(f"{tmp_path} holds a {name} run, whose task decodes nothing: "
+                            "bench_decode times a run's decoding of its split and reads")
+  assert message.endswith("of an application whose task decodes (caption, later_seq2seq, "
+                          "summarize, translate)")
 
 
 def _finished(path, results, config=None):
@@ -176,8 +262,8 @@ def _finished(path, results, config=None):
     (lambda p: str(p / "absent"), "is not a directory"),
     (lambda p: str(p), "has no config.json: not a finished run"),
     # a recommend run decodes nothing; a caption run is read with its own task's data settings
-    (lambda p: _finished(p, {"hr10": 0.5, "ndcg10": 0.3}), "is a recommend run, which decodes "
-                                                         "nothing"),
+    (lambda p: _finished(p, {"hr10": 0.5, "ndcg10": 0.3}), "holds a recommend run, whose task "
+                                                         "decodes nothing"),
     (lambda p: _finished(p, {"digit_accuracy": 1.0, "exact_match": 1.0},
                          caption_config.get_config("tiny")), "holds no checkpoint to restore"),
 ])
@@ -242,6 +328,5 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
                                  "k_finished"),
 ])
 def test_bench_decode_settings_refuse_bad_values(field, value, says):
-  from attn.errors import ConfigError  # pylint: disable=import-outside-toplevel
   with pytest.raises(ConfigError, match=says):
     decode_speed.Settings(workdir="w", **{field: value})

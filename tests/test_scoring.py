@@ -328,15 +328,65 @@ def test_a_cached_decoding_is_not_reused_for_other_data(tmp_path, monkeypatch):
 
 
 def test_tuning_on_the_split_scored_by_default_is_refused(marked_run):
+  """A built-in task (the smoke run's) decodes its own test split whatever split is named: its
+  recorded data.test_split (test_2016_flickr) is not what it is scored on, and tuning on any split
+  would choose on the split it is scored on."""
   workdir, _ = marked_run
   recorded = json.loads(open(os.path.join(workdir, "config.json")).read())["data"]
-  with pytest.raises(ConfigError, match=rf"--tune_split={recorded['test_split']} is what .* is "
-                     "scored on, its own test split"):
-    scoring.check_tune_split([workdir], recorded["test_split"])
-  with pytest.raises(ConfigError, match="scored on, --splits"):
-    scoring.check_tune_split([workdir], "dev", ("dev",))
-  scoring.check_tune_split([workdir], recorded["eval_split"])  # another split: accepted
-  scoring.check_tune_split([workdir], recorded["test_split"], (recorded["eval_split"],))
+  assert recorded["test_split"] != "test"  # the name the check used to compare against
+  for tune in ("test", recorded["test_split"], recorded["eval_split"]):
+    with pytest.raises(ConfigError, match=(
+        rf"^--tune_split={tune} is what {workdir} is scored on, its own test split "
+        rf"\(data.test_split={recorded['test_split']}\), which is scored when --splits is not "
+        rf"given: data.task={recorded['task']} decodes its own 'test' split whatever split is "
+        "named")):
+      scoring.check_tune_split([workdir], tune)
+  with pytest.raises(ConfigError, match="scored on, --splits=dev: data.task="):
+    scoring.check_tune_split([workdir], "test", ("dev",))
+  scoring.check_tune_split([workdir], "")  # no tuning: nothing to refuse
+
+
+def test_tuning_on_a_built_in_tasks_test_split_is_one_line_before_any_decoding(marked_run,
+                                                                              tmp_path):
+  """As a new user tried it: the smoke run, --tune_split=test and the default --splits."""
+  workdir, _ = marked_run
+  out = tmp_path / "scores"
+  p = subprocess.run([sys.executable, "-m", "experiments.score", f"--workdirs={workdir}",
+                      "--beam_size=2", "--tune_split=test", "--length_penalty=0,1",
+                      f"--out={out}"],
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     capture_output=True, text=True, timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  assert lines[0].startswith(f"error: --tune_split=test is what {workdir} is scored on, its own "
+                             "test split (data.test_split=test_2016_flickr)"), lines
+  assert "chosen on" not in p.stdout and not out.exists()
+  assert not any(name.startswith("test.beam2.length_penalty")  # nothing decoded on --tune_split
+                 for _, _, names in os.walk(workdir) for name in names)
+
+
+@pytest.mark.parametrize("corpus", ["multi30k", "tmp"])
+def test_tuning_on_a_corpus_split_is_refused_only_where_it_is_scored(tmp_path, corpus):
+  """A corpus decodes the split named: tuning is refused on the split scored (the recorded
+  data.test_split without --splits, else one of --splits), and accepted on any other. The check
+  reads the run's config.json alone."""
+  config = translate_config.get_config("multi30k")
+  if corpus == "tmp":
+    _corpus(str(tmp_path / "data"), 4)
+    config.data.update(dict(dir=str(tmp_path / "data"), eval_split="val", test_split="test"))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps(config.to_dict(), default=list))
+  workdir, test = str(workdir), config.data.test_split
+  with pytest.raises(ConfigError, match=rf"^--tune_split={test} is what {workdir} is scored on, "
+                     rf"its own test split \(data.test_split={test}\), which is scored when "
+                     "--splits is not given: the settings would be chosen on the split they are "
+                     "scored on; tune on another split"):
+    scoring.check_tune_split([workdir], test)
+  with pytest.raises(ConfigError, match=rf"is what .* is scored on, --splits=other,{test}: "):
+    scoring.check_tune_split([workdir], test, ("other", test))
+  scoring.check_tune_split([workdir], "val")  # another split: accepted
+  scoring.check_tune_split([workdir], test, ("other",))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

@@ -199,7 +199,12 @@ def _bench_table(log: str) -> dict:
 
 
 def _decode(result: dict) -> dict:
-  """{sentences, beam<k>: {decode_s, bleu, and the other numbers the decoder reports}}."""
+  """{sentences, beam<k>: {decode_s, bleu, and the other numbers the decoder reports}} of a
+  decode record (bench_decode's or the peer's), whose `score` names the score its results hold:
+  the sitting compares BLEU, so a record of another score is refused (ValueError)."""
+  if result["score"] != "bleu":
+    raise ValueError(f"its outputs are scored by {result['score']}, not bleu: the sitting "
+                     "compares the BLEU of translation runs")
   beams = {f"beam{r['beam_size']}": {k: v for k, v in r.items() if isinstance(v, (int, float))}
            for r in result["results"]}
   for figures in beams.values():

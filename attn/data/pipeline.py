@@ -290,6 +290,15 @@ def _vocabularies(cfg: DataConfig, source, workdir: str | None) -> tuple[Vocab, 
   return (vocabs[0], vocabs[0]) if shared else (vocabs[0], vocabs[1])
 
 
+def split_names(data_config) -> dict[str, str]:
+  """role -> the name of the split the source of `data_config` (a data ConfigDict, dict or
+  DataConfig) reads for it, without reading any data: a corpus's or a TFDS dataset's
+  data.<role>_split, a built-in task's own train/eval/test whatever those name
+  (attn.data.sources). Raises DataError for a bad config."""
+  cfg = DataConfig.from_config(data_config)
+  return SOURCES.get(cfg.task)(cfg).splits()
+
+
 def load(data_config, workdir: str | None = None) -> DataBundle:
   """Prepares the data of `data_config` (a data ConfigDict, dict or DataConfig).
 

@@ -235,16 +235,42 @@ def scored_splits(workdir: str, splits=()) -> tuple[str, ...]:
   return tuple(splits) or (recorded.get("data", {}).get("test_split", ""),)
 
 
+def decoded_split(workdir: str, split: str) -> str:
+  """The name of the split the run in `workdir` decodes when scored on `split` (score_workdir
+  sets its data.test_split to it), as the run's data source reads it: `split` itself for a
+  corpus or a TFDS dataset, a built-in task's own test split whatever `split` names
+  (attn.data.split_names). Reads config.json alone."""
+  from attn import data  # pylint: disable=import-outside-toplevel
+  recorded = files.read_json(os.path.join(workdir, "config.json")) or {}
+  return data.split_names({**recorded.get("data", {}), "test_split": split}).get("test", split)
+
+
 def check_tune_split(workdirs, tune_split: str, splits=()) -> None:
-  """ConfigError when `tune_split` is among the splits a run is scored on (its recorded test
-  split when `splits` is empty): the settings would be chosen on the split they are scored on."""
+  """ConfigError when tuning on `tune_split` would decode a split a run is scored on (`splits`,
+  else its recorded test split), compared as the run's data reads them (`decoded_split`: a
+  built-in task decodes its own test split whatever either names): the settings would be
+  chosen on the split they are scored on. Reads config.json alone: call it before decoding."""
+  if not tune_split:
+    return
   for workdir in workdirs:
-    if tune_split and tune_split in scored_splits(workdir, splits):
-      given = ("--splits" if splits else
-               "its own test split (data.test_split), which is scored when --splits is not given")
+    tuned = decoded_split(workdir, tune_split)
+    for split in scored_splits(workdir, splits):
+      if decoded_split(workdir, split) != tuned:
+        continue
+      given = (f"--splits={','.join(splits)}" if splits else
+               f"its own test split (data.test_split={split}), which is scored when --splits is "
+               "not given")
+      if tuned == tune_split == split:
+        why = ("the settings would be chosen on the split they are scored on; tune on another "
+               "split (e.g. the dev split) or name other --splits")
+      else:  # the data source reads both names as one split
+        task = ((files.read_json(os.path.join(workdir, "config.json")) or {})
+                .get("data", {}).get("task", ""))
+        why = (f"data.task={task} decodes its own {tuned!r} split whatever split is named, so "
+               "the settings would be chosen on the split they are scored on; score it without "
+               "--tune_split")
       raise ConfigError(f"--tune_split={tune_split} is what {workdir} is scored on, {given}: "
-                        "the settings would be chosen on the split they are scored on; tune on "
-                        "another split (e.g. the dev split) or name other --splits")
+                        f"{why}")
 
 
 def tune_search(workdir: str, split: str, grid: dict, metric: str, **kw) -> tuple[dict, list]:
