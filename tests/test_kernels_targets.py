@@ -181,5 +181,5 @@ def test_model_fused_takes_true_false_or_a_target_name():
   from attn.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
   for fused in (True, False, "auto", "triton", "cpu_blocked"):
     assert ModelConfig(src_vocab=5, tgt_vocab=5, arch="transformer", fused=fused).fused == fused
-  with pytest.raises(ConfigError, match=r"^model.fused names no kernel target: 'cuda'; known: "):
+  with pytest.raises(ConfigError, match=r"^unknown model.fused 'cuda'; known: auto, "):
     ModelConfig(src_vocab=5, tgt_vocab=5, arch="transformer", fused="cuda")

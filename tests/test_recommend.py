@@ -236,8 +236,8 @@ def test_a_bad_config_is_refused_in_one_line_before_anything_is_written(tmp_path
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.normalizer=softmx", "model.normalizer='softmx' is not a registered normalizer; "
-                                "known: entmax15, softmax, sparsemax"),
+    ("model.normalizer=softmx", "unknown model.normalizer 'softmx'; known: entmax15, softmax, "
+                                "sparsemax"),
     ("data.min_len=4", "data.min_len=4 is too short for data.max_offset=6"),
     ("model.num_heads=3", "model.dim=64 is not divisible by model.num_heads=3"),
     ("train.steps=0", "train.steps=0 must be >= 1"),

@@ -356,7 +356,7 @@ def test_count_params_and_the_rnn_default():
     (dict(pos_encoding="relative"), "model.transformer.pos_encoding.*known: alibi"),
     (dict(num_heads=3), "divisible"),
     (dict(ff_activation="swish"), "model.transformer.ff_activation"),
-    (dict(cross=dict(scope="ring")), "model.transformer.cross.scope.*Known"),
+    (dict(cross=dict(scope="ring")), "^unknown model.transformer.cross.scope 'ring'; known: "),
     (dict(dec_self=dict(normalizer="max")), "model.transformer.dec_self.normalizer"),
     (dict(enc_self=dict(temperature=0.0)), "model.transformer.enc_self.temperature"),
     (dict(dec_self=dict(top_k=0)), "model.transformer.dec_self.top_k"),

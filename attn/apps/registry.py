@@ -25,7 +25,10 @@ class App:
   module: the entry point `python -m` runs (e.g. "experiments.translate").
   doc: one line for listings.
   task: its task class (an `attn.training.Task` subclass), or "package.module:Class" to import
-    it when first asked for, so that listing applications imports no model code.
+    it when first asked for, so that listing applications imports no model code. Either way the
+    class is checked against the Task contract (attn.training.task.check_task_class: one
+    TypeError line naming what it lacks) when the entry is made, or when the string is first
+    resolved.
   launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
     and leaves results.json, whose fields the task declares (`Task.scores`, `figures`,
     `nested`, `metrics`).
@@ -42,10 +45,14 @@ class App:
   diagnose: object = None
   results_file: str = "results.json"
 
+  def __post_init__(self):
+    if isinstance(self.task, type):  # (a string is checked when it is first resolved)
+      _check_task(self)
+
   @property
   def task_class(self) -> type:
     """The task class (imported on first use when `task` names it)."""
-    return _resolve(self.task)
+    return _check_task(self) if isinstance(self.task, str) else self.task
 
   @property
   def diagnose_fn(self):
@@ -77,6 +84,12 @@ class App:
     """Every numeric field a finished run can have in results.json (the nested ones apart)."""
     return (self.scores + tuple(f"{s}_greedy" for s in self.scores) + self.figures
             + self.task_class.run_figures)
+
+
+def _check_task(entry: App) -> type:
+  """The entry's task class, checked against the Task contract."""
+  from attn.training.task import check_task_class  # pylint: disable=import-outside-toplevel
+  return check_task_class(_resolve(entry.task), entry.module, launchable=entry.launchable)
 
 
 def _resolve(ref):

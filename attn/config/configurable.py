@@ -22,9 +22,16 @@ from attn.errors import ConfigError
 MOVED: dict[str, str] = {}
 
 
-def option(default: Any, help: str, *, derived: bool = False):  # pylint: disable=redefined-builtin
-  """A dataclass field with its one-line help (shown in config files) and its default."""
-  return dataclasses.field(default=default, metadata={"help": help, "derived": derived})
+def option(default: Any, help: str, *, derived: bool = False, names=None,  # pylint: disable=redefined-builtin
+           also: tuple = ()):
+  """A dataclass field with its one-line help (shown in config files) and its default.
+
+  names: the registry (an `attn.registry.Registry`, or anything with `names()`; or a function
+  of no arguments returning one, called when a value is checked, for a registry whose module is
+  imported only when it is named) whose entries the field's value names; a tuple of strings
+  names one entry each. also: values accepted besides the registry's names (e.g. "auto", "")."""
+  return dataclasses.field(default=default, metadata={"help": help, "derived": derived,
+                                                      "names": names, "also": tuple(also)})
 
 
 def settable_fields(cls) -> list[dataclasses.Field]:
@@ -93,6 +100,53 @@ def split_commas(value) -> tuple[str, ...]:
     else:
       out.append(item)  # not a string: left for the dataclass's validation to refuse
   return tuple(out)
+
+
+def _registry(field: dataclasses.Field):
+  """The registry `field`'s value names (option(names=...)), or None."""
+  names = field.metadata.get("names")
+  if names is None or hasattr(names, "names"):
+    return names
+  return names()
+
+
+def _value(cfg, name: str, missing):
+  if isinstance(cfg, dict):
+    return cfg.get(name, missing)
+  if hasattr(cfg, "to_dict"):  # an ml_collections ConfigDict
+    return cfg[name] if name in cfg else missing
+  return getattr(cfg, name, missing)
+
+
+def check_names(cls, cfg, *, section: str, error: type[Exception] = ConfigError) -> None:
+  """Refuses, with `error` naming the dotted field, the value and the registry's known names,
+  the first value of `cfg` (a ConfigDict, a dict or a `cls` instance) that a field of dataclass
+  `cls` declares as a registry name (`option(names=...)`) and the registry does not hold.
+  Nested sections are checked under `section.field`; fields `cfg` leaves out, and values that
+  are not strings (left to the dataclass's own validation), are not checked."""
+  missing = object()
+  for field in settable_fields(cls):
+    value = _value(cfg, field.name, missing)
+    if value is missing or value is None:
+      continue
+    if is_section(field.default):
+      check_names(type(field.default), value, section=f"{section}.{field.name}", error=error)
+      continue
+    if field.metadata.get("names") is None:
+      continue
+    if _is_str_tuple(field) and isinstance(value, (str, list, tuple)):
+      values = split_commas(value)  # (a comma string from the command line, as from_config)
+    else:
+      values = value if isinstance(value, (list, tuple)) else (value,)
+    also = field.metadata.get("also", ())
+    names = [v for v in values if isinstance(v, str) and v not in also]
+    if not names:
+      continue
+    known = list(_registry(field).names())  # (resolved only now: it may import its module)
+    for v in names:
+      if v not in known:
+        raise error(f"unknown {section}.{field.name} {v!r}; known: "
+                    f"{', '.join(repr(k) if not k else k for k in (*also, *known))}")
 
 
 def from_config(cls, cfg, *, section: str, error: type[Exception] = ConfigError, **derived):

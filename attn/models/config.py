@@ -17,10 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from attn import registry
 from attn.config import configurable
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.models import registries
+
+# The attention primitives' registries, which the fields below name entries of.
+_SCORES, _NORMALIZERS, _SCOPES = (registry.VARIANTS[k] for k in ("score", "normalizer", "scope"))
+
+
+def _kernel_targets():
+  from kernels import targets  # pylint: disable=import-outside-toplevel  (only when one is named)
+  return targets.TARGETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +38,11 @@ class AttentionRole:
   self-attention, cross-attention), each a nested section: `--config.model.transformer.cross.
   scope=topk`. Checked by the model that uses it (attn.models.transformer.Transformer)."""
   score: str = option("scaled_dot", "dot | scaled_dot | general | additive (attn registry; "
-                      "additive's size is the head size)")
-  normalizer: str = option("softmax", "softmax | sparsemax | entmax15")
+                      "additive's size is the head size)", names=_SCORES)
+  normalizer: str = option("softmax", "softmax | sparsemax | entmax15", names=_NORMALIZERS)
   temperature: float = option(1.0, "divides the scores before the normalizer")
   scope: str = option("global", "global | window | topk | linear (attn registry; window is "
-                      "centred at each query's position)")
+                      "centred at each query's position)", names=_SCOPES)
   half_width: int = option(5, "scope=window: query i sees keys |j - i| <= half_width")
   top_k: int = option(8, "scope=topk: each query keeps its top_k highest-scoring keys")
 
@@ -48,12 +57,14 @@ class RNNConfig:
   enc_hidden: int = option(256, "encoder hidden size per direction")
   dec_hidden: int = option(256, "decoder hidden size")
   bidirectional: bool = option(True, "bidirectional encoder")
-  cell: str = option("gru", "gru | lstm")
-  decoder: str = option("bahdanau", "none | bahdanau | luong (registered decoders)")
-  score: str = option("additive", "dot | scaled_dot | general | additive | location (attn registry)")
-  normalizer: str = option("softmax", "softmax | sparsemax | entmax15")
+  cell: str = option("gru", "gru | lstm", names=registries.CELLS)
+  decoder: str = option("bahdanau", "none | bahdanau | luong (registered decoders)",
+                        names=registries.DECODERS)
+  score: str = option("additive", "dot | scaled_dot | general | additive | location (attn "
+                      "registry)", names=_SCORES)
+  normalizer: str = option("softmax", "softmax | sparsemax | entmax15", names=_NORMALIZERS)
   temperature: float = option(1.0, "divides the scores before the normalizer")
-  scope: str = option("global", "global | local_m | local_p | window | topk")
+  scope: str = option("global", "global | local_m | local_p | window | topk", names=_SCOPES)
   half_width: int = option(5, "D of local windows")
   top_k: int = option(8, "scope=topk: each query keeps its top_k highest-scoring keys")
   d_attn: int = option(256, "additive / local-p attention size")
@@ -69,7 +80,7 @@ class RNNConfig:
   coverage_loss_weight: float = option(1.0, "weight of the coverage loss (model.rnn.coverage)")
   match_params_of: str = option(
       "", "a decoder name: choose dec_hidden so this model has that decoder's parameter count "
-      "(the fair no-attention baseline); '' = off")
+      "(the fair no-attention baseline); '' = off", names=registries.DECODERS, also=("",))
 
   @property
   def enc_out_dim(self) -> int:
@@ -88,7 +99,7 @@ class TransformerConfig:
   ff_activation: str = option("relu", "relu | gelu")
   pos_encoding: str = option(
       "sinusoidal", "none | sinusoidal | learned | rope | alibi (registered; rope and alibi act "
-      "on self-attention only)")
+      "on self-attention only)", names=registries.POS_ENCODINGS)
   tie_embeddings: bool = option(
       False, "the output layer is the target embedding matrix transposed (Press & Wolf 2017)")
   share_embeddings: bool = option(
@@ -117,14 +128,15 @@ class ModelConfig:
   src_vocab: int = option(0, "source vocabulary size (from the data)", derived=True)
   tgt_vocab: int = option(0, "target vocabulary size (from the data)", derived=True)
   arch: str = option("rnn", "rnn | transformer (registered architectures); each reads the "
-                     "fields here and its own section, model.<arch>.*")
+                     "fields here and its own section, model.<arch>.*", names=registries.ARCHS)
   enc_layers: int = option(1, "encoder layers")
   dec_layers: int = option(1, "decoder layers")
   dropout: float = option(0.2, "dropout rate")
   fused: bool | str = option(False, "run attention through the fused kernels where the variant "
                              "supports it (RNN: Luong without input feeding, dot/scaled_dot/"
                              "additive); True = kernel target 'auto', or a target's name "
-                             "(kernels.targets: triton, mosaic_gpu, tpu, cpu_blocked, ...)")
+                             "(kernels.targets: triton, mosaic_gpu, tpu, cpu_blocked, ...)",
+                             names=_kernel_targets, also=("auto",))
   max_src_len: int = option(128, "the longest source the `location` score (and a Transformer's "
                             "learned positions) can address")
   rnn: RNNConfig = option(RNNConfig(), "the recurrent model's settings (model.arch=rnn)")
@@ -136,12 +148,9 @@ class ModelConfig:
   SWITCH_ON_WHEN_RESUMING = ("rnn.coverage",)
 
   def __post_init__(self):
-    registries.ARCHS.get(self.arch)  # ConfigError listing the known ones
-    if isinstance(self.fused, str):
-      from kernels import targets  # pylint: disable=import-outside-toplevel  (only when named)
-      if self.fused not in ("auto", *targets.names()):
-        raise ConfigError(f"model.fused names no kernel target: {self.fused!r}; known: True, "
-                          f"False, auto, {', '.join(targets.names())}")
+    # The registry names of every section (arch, fused, rnn.score, transformer.cross.scope, ...),
+    # also for a config built here rather than from a config file (configurable.from_config).
+    configurable.check_names(ModelConfig, self, section="model")
     _check_unread_sections(self)
     if min(self.src_vocab, self.tgt_vocab) < 1:
       raise ConfigError(f"model vocabularies must be non-empty (set from the data), got "

@@ -45,8 +45,11 @@ class ReaderConfig:
   num_answers: int
   max_sentences: int
   dim: int = 32
-  score: str = "dot"
-  normalizer: str = "softmax"
+  # (declared registry names: a `model` section built by configurable.from_config is checked
+  # before this class is; __post_init__ checks a reader built directly)
+  score: str = dataclasses.field(default="dot", metadata={"names": attn.VARIANTS["score"]})
+  normalizer: str = dataclasses.field(default="softmax",
+                                      metadata={"names": attn.VARIANTS["normalizer"]})
   d_attn: int = 32
   init_scale: float = 0.1
 

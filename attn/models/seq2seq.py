@@ -37,15 +37,7 @@ class Seq2Seq(nnx.Module):
   def check_config(cfg: ModelConfig) -> None:
     """ConfigError, naming the field, for settings this model cannot run (no JAX)."""
     r = cfg.rnn
-    for field, kinds in (("decoder", registries.DECODERS), ("cell", registries.CELLS),
-                         ("score", registry.VARIANTS["score"]),
-                         ("normalizer", registry.VARIANTS["normalizer"]),
-                         ("scope", registry.VARIANTS["scope"]),
-                         ("match_params_of", registries.DECODERS)):
-      name = getattr(r, field)
-      if name not in kinds and (name or field != "match_params_of"):
-        raise ConfigError(f"unknown model.rnn.{field} {name!r}; known: "
-                          f"{', '.join(kinds.names())}")
+    # (its registry names are checked by ModelConfig: configurable.option(names=...))
     if min(r.emb_dim, r.enc_hidden, r.dec_hidden) < 1:
       raise ConfigError("model.rnn.emb_dim, enc_hidden and dec_hidden must be positive")
     check_attention_numbers("model.rnn", r)

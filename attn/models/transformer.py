@@ -276,14 +276,10 @@ class Transformer(nnx.Module):
 
 
 def _check_role(cfg: ModelConfig, field: str, spec: Role, pos) -> None:
-  """The role's names, numbers and positional encoding (its abstract evaluation: check_shapes)."""
+  """The role's numbers and positional encoding (its names: ModelConfig's check_names; its
+  abstract evaluation: check_shapes)."""
   role = getattr(cfg.transformer, field)
   where = f"model.transformer.{field}"
-  for name, kind in (("score", "score"), ("normalizer", "normalizer"), ("scope", "scope")):
-    try:
-      registry.get(getattr(role, name), kind)
-    except KeyError as e:
-      raise ConfigError(f"{where}.{name}: {e.args[0]}") from None
   check_attention_numbers(where, role)
   why = pos.unsupported(cfg, role) if spec.self_attention else None
   if why:

@@ -44,7 +44,7 @@ from attn.training.divergence import (  # noqa: F401  (TrainingDiverged: raised 
     TrainingDiverged, check_divergence, loss_after_step)
 from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
-from attn.training.task import Task, application_of, get_task
+from attn.training.task import SECTIONS, Task, application_of, check_section_names, get_task
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +131,16 @@ class Run:
 
 def validate_config(config, task: Task | str = "translate") -> LoopConfig:
   """Checks every section of an experiment config without reading data or building the model:
-  raises ConfigError / DataError naming the first bad field. Returns the train section."""
+  raises ConfigError / DataError naming the first bad field. Returns the train section.
+
+  Whatever the task's own checks, every field its `sections` declare as a registry name is
+  checked here first (attn.training.task.check_section_names): an application gets that
+  without writing a check of its own."""
   task = get_task(task) if isinstance(task, str) else task
-  for section in ("data", "model", "train"):
+  for section in SECTIONS:
     if section not in config:
       raise ConfigError(f"the config has no `{section}` section")
+  check_section_names(task, config)
   tc = task.train_config(config.train)
   task.check_model_config(config.model, task.data_config(config.data), tc)
   return tc
@@ -147,8 +152,9 @@ def make_mesh(config, tc: LoopConfig, task: Task | str = "translate"):
   task = get_task(task) if isinstance(task, str) else task
   mesh = distributed.make_mesh(tc.mesh_shape)
   dc = task.data_config(config.data)
-  distributed.check_batch_rows(dc.batch_size, dc.tokens_per_batch, distributed.data_size(mesh),
-                               tc.mesh_shape)
+  # (tokens_per_batch: 0, fixed batch sizes, for a data section that does not size by tokens)
+  distributed.check_batch_rows(dc.batch_size, getattr(dc, "tokens_per_batch", 0),
+                               distributed.data_size(mesh), tc.mesh_shape)
   return mesh
 
 

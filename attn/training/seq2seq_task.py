@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import decoding
+from attn.data.config import DataConfig
 from attn.decoding import Search
 from attn.errors import ConfigError
 from attn.models import ModelConfig, build_model, copying, match_param_count, sequence_loss
@@ -33,6 +34,9 @@ class Seq2SeqTask(Task):
   the loss of every such task (the pointer-generator's and coverage's included), decoding,
   attention and output text. Subclasses give `score` and `selection_metrics`."""
 
+  # The train section holds the loop's settings, the optimizer's, and evaluation's and decoding's.
+  sections = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+
   # The scores experiments.score tabulates when it scores finished runs again (other splits,
   # checkpoints, averages; the first chooses decoding settings on --tune_split), and which
   # experiments.average averages; () where neither takes the task's runs.
@@ -41,18 +45,12 @@ class Seq2SeqTask(Task):
   # which has no region to point at), rather than counting it as an error.
   aer_skips_unaligned = False
 
-  def train_config(self, cfg):
-    """The validated `train` section: a TrainConfig (the loop's settings, the optimizer's, and
-    evaluation's and decoding's)."""
-    return TrainConfig.from_config(cfg)
-
   def make_optimizer(self, tc):
     return make_optimizer(tc)
 
   def data_config(self, cfg):
-    """The validated `data` section (DataConfig by default)."""
-    from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
-    return DataConfig.from_config(cfg)
+    """The validated `data` section (DataConfig by default: its errors are DataErrors)."""
+    return self.sections["data"].from_config(cfg)
 
   def load_data(self, cfg, workdir):
     """The data bundle the loop reads (attn.data.DataBundle's interface) of the `data` section."""

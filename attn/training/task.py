@@ -1,17 +1,33 @@
 """The task interface of the training loop: what every application's run needs.
 
-A task is what an application (attn.apps) gives the loop: its train section and optimizer, its
-data and the batches the loop trains on, its model and loss, its evaluation (and how it chooses
-the best checkpoint) and its result files. The loop (attn.training.loop) reaches a task only
-through these methods, so it names no application. Sequence-to-sequence tasks, which also decode
-and score text, extend it in attn.training.seq2seq_task. `get_task(name)` finds the task of a
-registered application.
+A task is what an application (attn.apps) gives the loop: its config sections, its train section
+and optimizer, its data and the batches the loop trains on, its model and loss, its evaluation
+(and how it chooses the best checkpoint) and its result files. The loop (attn.training.loop),
+the results table and launch.py reach a task only through the members of `Task`, so they name no
+application. Sequence-to-sequence tasks, which also decode and score text, extend it in
+attn.training.seq2seq_task. `get_task(name)` finds the task of a registered application.
+
+The contract, in one place: what a task must supply is abstract here (the methods) or listed in
+`REQUIRED` (the class attributes); everything else has a shared default. `check_task_class`
+refuses a class that leaves any of it out, in one line naming what is missing: the application
+registry calls it when an application is registered with its task class, and when a task named
+as "package.module:Class" is first imported.
+
+What the loop reads of the objects a task returns: the data section (`data_config`) has
+`batch_size` (and `tokens_per_batch` where batches are sized by tokens; 0, fixed sizes, when it
+has none); the model config (`model_config`) is recorded in model.json by its `record()` (a
+dataclass without one is recorded whole) and may name fields a resumed run may switch on
+(`SWITCH_ON_WHEN_RESUMING`, with `replace_paths`); the data bundle (`load_data`) is passed back
+to the task's own methods only (`train_batches`, `train_tokens`, `has_eval`, ...), except that the
+default `has_eval` looks for "eval" in its `splits`.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 
+from attn.config import configurable
 from attn.errors import ConfigError
 
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
@@ -19,6 +35,13 @@ from attn.decoding import Search  # noqa: F401  (re-exported: the settings `deco
 # What every run's results.json holds besides its task's scores (attn.training.evaluation).
 RUN_FIGURES = ("params", "step", "best_step", "tokens_per_sec", "tokens_per_sec_steady", "wall_s",
                "decode_s", "eval_s", "beam_size")
+
+# The sections of every training config, each a frozen dataclass the task declares (`sections`).
+SECTIONS = ("data", "model", "train")
+# The class attributes every task declares (no shared default), and those a task of an
+# application launch.py runs declares too (its results table).
+REQUIRED = ("sections", "scores", "metrics")
+REQUIRED_LAUNCHABLE = ("columns",)
 
 
 class Task(abc.ABC):
@@ -31,7 +54,14 @@ class Task(abc.ABC):
   bucket or a list by layer, tabulated one column per entry), `metrics` (the fields launch.py
   tabulates by default, the first plotted), `columns` (the results table the run prints) and
   `notes` (nested fields printed as one line under that table, with their label).
+
+  `sections` maps each config section ("data", "model", "train") to the frozen dataclass of its
+  settings (attn.config.configurable): the shared defaults of `data_config`, `train_config` and
+  `check_model_config` build them, and the loop's validation checks every field declared as a
+  registry name (`option(names=...)`) in them before anything is written. The train section's
+  class is attn.training.config.LoopConfig or a subclass of it.
   """
+  sections: dict[str, type] = {}
   scores: tuple[str, ...] = ()
   figures: tuple[str, ...] = ()
   nested: tuple[str, ...] = ()
@@ -44,20 +74,24 @@ class Task(abc.ABC):
 
   def train_config(self, cfg):
     """The validated `train` section: a frozen LoopConfig (attn.training.config), or a subclass
-    holding the task's own settings too; ConfigError naming the first bad field."""
-    from attn.training.config import LoopConfig  # pylint: disable=import-outside-toplevel
-    return LoopConfig.from_config(cfg)
+    holding the task's own settings too (`sections["train"]`); ConfigError naming the first bad
+    field."""
+    return configurable.from_config(self.sections["train"], cfg, section="train")
 
-  @abc.abstractmethod
   def make_optimizer(self, tc):
-    """The optax transformation of train section `tc` (the loop steps it: nnx.Optimizer)."""
+    """The optax transformation of train section `tc` (the loop steps it: nnx.Optimizer). By
+    default what LoopConfig's own fields say: Adam at train.learning_rate after a linear
+    warm-up of train.warmup_steps, gradients clipped to global norm train.clip_norm."""
+    import optax  # pylint: disable=import-outside-toplevel
+    rate = optax.linear_schedule(0.0, tc.learning_rate, max(tc.warmup_steps, 1))
+    return optax.chain(optax.clip_by_global_norm(tc.clip_norm), optax.adam(rate))
 
   # -- data
 
-  @abc.abstractmethod
   def data_config(self, cfg):
-    """The validated `data` section: a frozen dataclass with `batch_size` and
-    `tokens_per_batch`."""
+    """The validated `data` section: a frozen dataclass (`sections["data"]`) with `batch_size`
+    (and `tokens_per_batch` where batches are sized by tokens)."""
+    return configurable.from_config(self.sections["data"], cfg, section="data")
 
   @abc.abstractmethod
   def load_data(self, cfg, workdir):
@@ -91,11 +125,14 @@ class Task(abc.ABC):
   def model_config(self, cfg, bundle):
     """The frozen model config from the config's `model` section and the loaded data."""
 
-  @abc.abstractmethod
   def check_model_config(self, cfg, data, train) -> None:
-    """Validates the `model` section, and where it meets the data and train sections (a
-    DataConfig, a TrainConfig), before any data is read; raises ConfigError naming the
-    fields."""
+    """Validates the `model` section, and where it meets the validated data and train sections,
+    before any data is read; raises ConfigError naming the fields. By default it builds
+    `sections["model"]` (unknown fields, registry names and the dataclass's own checks); a task
+    whose model section has derived fields without defaults, or rules across sections,
+    overrides it."""
+    del data, train
+    configurable.from_config(self.sections["model"], cfg, section="model")
 
   @abc.abstractmethod
   def build_model(self, model_config, seed: int, compute_dtype: str = "float32"):
@@ -125,14 +162,19 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def evaluate(self, run, role: str = "eval") -> dict:
-    """{metric: float} of the current parameters (`run.state`) on split `role`; must hold every
-    name of `selection_metrics` (higher is better)."""
+    """{metric: float} of the current parameters (`run.state`: `nnx.merge(run.graphdef,
+    run.state)` gives the model and optimizer) on split `role` ("eval" during training, "test"
+    for the results); must hold every name of `selection_metrics` (higher is better)."""
 
-  @abc.abstractmethod
   def write_results(self, run, ckpt) -> dict:
     """After training: restores the best checkpoint (else keeps the last), evaluates the test
     split and writes the run's result files, results.json last (its presence means the run
-    finished); returns the results. Only process 0 writes."""
+    finished); returns the results. Only process 0 writes. By default
+    (attn.training.results.write_results): `evaluate(run, "test")`, the model config's
+    settings and the run's figures (params, step, best_step, tokens_per_sec, wall_s, eval_s);
+    a task with more to write (predictions, attention arrays) overrides it."""
+    from attn.training import results  # pylint: disable=import-outside-toplevel
+    return results.write_results(run, ckpt)
 
   def check_resumed_data(self, recorded: dict, dc) -> None:
     """Before resuming a run whose config.json recorded the data section `recorded`: a
@@ -145,6 +187,49 @@ class Task(abc.ABC):
   def selection_metrics(self, bundle) -> tuple[str, ...]:
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
     later ones break ties of the earlier."""
+
+
+def missing_members(cls, *, launchable: bool = True) -> list[str]:
+  """The members of the Task contract that task class `cls` leaves out (see the module
+  docstring): its abstract methods, the class attributes of `REQUIRED` (and for an application
+  launch.py runs, `REQUIRED_LAUNCHABLE`) left empty, and the `sections` it does not declare as
+  dataclasses (the data section with a `batch_size`)."""
+  if not (isinstance(cls, type) and issubclass(cls, Task)):
+    return ["attn.training.Task as its base class"]
+  missing = sorted(getattr(cls, "__abstractmethods__", ()))
+  missing += [a for a in REQUIRED + (REQUIRED_LAUNCHABLE if launchable else ())
+              if not getattr(cls, a, None)]
+  sections = getattr(cls, "sections", None) or {}
+  if sections:
+    missing += [f"sections[{s!r}]" for s in SECTIONS
+                if not (isinstance(sections.get(s), type)
+                        and dataclasses.is_dataclass(sections.get(s)))]
+    data = sections.get("data")
+    if (isinstance(data, type) and dataclasses.is_dataclass(data)
+        and "batch_size" not in {f.name for f in dataclasses.fields(data)}
+        and not hasattr(data, "batch_size")):
+      missing.append("sections['data'].batch_size")
+  return missing
+
+
+def check_task_class(cls, application: str, *, launchable: bool = True) -> type:
+  """`cls` when it fulfils the Task contract; else a TypeError, one line naming the task, its
+  `application` (e.g. its entry point) and every member it is missing. Called by the
+  application registry (attn.apps.registry)."""
+  missing = missing_members(cls, launchable=launchable)
+  if missing:
+    raise TypeError(f"the task {getattr(cls, '__qualname__', cls)} of {application} lacks "
+                    f"{', '.join(missing)} (the Task contract: attn/training/task.py)")
+  return cls
+
+
+def check_section_names(task: Task, config) -> None:
+  """Every field of the config's sections that the task's `sections` declare as a registry name
+  (`option(names=...)`) names a registered entry: ConfigError naming the field, the value and
+  the known names (attn.config.configurable.check_names). Reads no data, writes nothing."""
+  for section, cls in task.sections.items():
+    if section in config:
+      configurable.check_names(cls, config[section], section=section)
 
 
 def refuse_changed_data(recorded: dict, dc, *, free=("batch_size",)) -> None:

@@ -21,6 +21,7 @@ to the model its checkpoints hold.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -167,7 +168,7 @@ def check_model(workdir: str, model_config) -> dict:
   recorded = _recorded_model(workdir)
   if recorded is None:
     return {}
-  recorded, current = _flat(recorded), _flat(model_config.record())
+  recorded, current = _flat(recorded), _flat(model_record(model_config))
   allowed = getattr(model_config, "SWITCH_ON_WHEN_RESUMING", ())
   switched = {k: False for k in allowed
               if recorded.get(k) in (False, True) and current.get(k) is True}
@@ -180,6 +181,14 @@ def check_model(workdir: str, model_config) -> dict:
   return switched
 
 
+def model_record(model_config) -> dict:
+  """The settings of a model config as model.json records them: its `record()`, or for a
+  dataclass without one, every field."""
+  if hasattr(model_config, "record"):
+    return model_config.record()
+  return dataclasses.asdict(model_config)
+
+
 def record_model(workdir: str, model_config) -> None:
-  """model.json: the settings of the model the checkpoints hold (ModelConfig.record)."""
-  write_json(_record_path(workdir), model_config.record())
+  """model.json: the settings of the model the checkpoints hold (`model_record`)."""
+  write_json(_record_path(workdir), model_record(model_config))

@@ -59,9 +59,7 @@ class CaptionTask(Seq2SeqTask):
              "attention_on_gold", "wall_s")
   notes = (("exact_match_by_digits", "exact match by number of digits"),)
   aer_skips_unaligned = True
-
-  def data_config(self, cfg):
-    return captions.CaptionDataConfig.from_config(cfg)
+  sections = {**Seq2SeqTask.sections, "data": captions.CaptionDataConfig}
 
   def check_resumed_data(self, recorded, dc) -> None:
     refuse_changed_data(recorded, dc)

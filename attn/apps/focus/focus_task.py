@@ -184,6 +184,7 @@ class FocusTask(Task):
   scores = ("evidence_hit_rate", "answer_accuracy")
   figures = ("train_seconds", "final_loss")
   metrics = ("evidence_hit_rate", "answer_accuracy", "train_seconds")
+  sections = {"data": FocusDataConfig, "model": reader.ReaderConfig, "train": FocusTrainConfig}
 
   def train_config(self, cfg) -> FocusTrainConfig:
     return FocusTrainConfig.from_config(cfg)

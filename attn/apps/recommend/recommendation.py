@@ -78,6 +78,7 @@ class RecommendTask(Task):
   columns = ("kind", "params", "hr10", "ndcg10", "attention_on_gold", "wall_s")
   notes = ()
   run_figures = RUN_FIGURES
+  sections = SECTIONS
 
   def train_config(self, cfg) -> RecTrainConfig:
     return RecTrainConfig.from_config(cfg)

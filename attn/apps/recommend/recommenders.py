@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 import attn
+from attn.config import configurable
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.models.dropout import dropout
@@ -36,26 +37,26 @@ RECOMMENDERS = Registry("model.kind", error=ConfigError)
 @dataclasses.dataclass(frozen=True)
 class RecommenderConfig:
   """The `model` section of experiments/configs/recommend.py."""
-  kind: str = option("sasrec", "sasrec | meanpool | gru")
+  kind: str = option("sasrec", "sasrec | meanpool | gru", names=RECOMMENDERS)
   dim: int = option(64, "item embedding and hidden size d")
   num_blocks: int = option(2, "sasrec: self-attention blocks L")
   num_heads: int = option(2, "sasrec: heads H per block")
   ffn_dim: int = option(128, "feed-forward width (every model's)")
   dropout: float = option(0.2, "dropout rate on the item embeddings and every residual branch "
                           "while training (SASRec's 0.2)")
-  score: str = option("scaled_dot", "sasrec: attention score (attn.VARIANTS)")
-  normalizer: str = option("softmax", "sasrec: attention normalizer (attn.VARIANTS)")
+  score: str = option("scaled_dot", "sasrec: attention score (attn.VARIANTS)",
+                      names=attn.VARIANTS["score"])
+  normalizer: str = option("softmax", "sasrec: attention normalizer (attn.VARIANTS)",
+                           names=attn.VARIANTS["normalizer"])
   match_params: bool = option(True, "meanpool, gru: ffn_dim chosen so the parameter count is "
                               "closest to sasrec's at the same dim, num_blocks, num_heads")
   num_items: int = option(0, "items (from the data)", derived=True)
   max_len: int = option(0, "longest input (from the data)", derived=True)
 
   def __post_init__(self):
-    RECOMMENDERS.get(self.kind)  # unknown kinds fail with the list of known ones
-    for kind, name in (("score", self.score), ("normalizer", self.normalizer)):
-      if name not in attn.VARIANTS[kind]:
-        raise ConfigError(f"model.{kind}={name!r} is not a registered {kind}; known: "
-                          f"{', '.join(attn.VARIANTS[kind].canonical_names())}")
+    # kind, score, normalizer: each fails with the list of known names (option(names=...)),
+    # also when built here rather than from the config (configurable.from_config)
+    configurable.check_names(RecommenderConfig, self, section="model")
     if not 0 <= self.dropout < 1:
       raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
     for name in ("dim", "num_blocks", "num_heads", "ffn_dim"):

@@ -77,7 +77,8 @@ class RetrieveData:
 class RetrieverSettings:
   """The `model` section of one run: the fields of RetrieverConfig a user sets (the sizes come
   from the data)."""
-  mode: str = option("retrieve", "Retrieval mode (retriever.RETRIEVAL).")
+  mode: str = option("retrieve", "Retrieval mode (retriever.RETRIEVAL).",
+                     names=retriever.RETRIEVAL)
   dim: int = option(32, "Embedding size d.")
   hops: int = option(2, "Reader hops.")
   top_k: int = option(2, "Passages (stories) read per question.")
@@ -200,6 +201,7 @@ class RetrieveTask(Task):
   metrics = ("answer_accuracy", "recall_at_k", "train_seconds")
   columns = ("mode", "distractors", "recall_at_k", "answer_accuracy", "train_seconds")
   run_figures = RUN_FIGURES
+  sections = {"data": RetrieveData, "model": RetrieveModelSection, "train": RetrieveTrainConfig}
 
   def train_config(self, cfg) -> RetrieveTrainConfig:
     return RetrieveTrainConfig.from_config(cfg)
@@ -244,7 +246,6 @@ class RetrieveTask(Task):
 
   def check_model_config(self, cfg, data, train) -> None:
     settings = configurable.from_config(RetrieveModelSection, cfg, section="model").retriever
-    retriever.RETRIEVAL.get(settings.mode)
     for name in ("dim", "hops", "top_k"):
       if getattr(settings, name) < 1:
         raise ConfigError(f"model.retriever.{name}={getattr(settings, name)} must be >= 1")
