@@ -201,6 +201,8 @@ def test_bench_decode_scores_a_caption_run_by_its_tasks_own_score(tiny_caption_w
 class _Scored(Seq2SeqTask):
   """A task registered later: whether it decodes is what its class is, not its name."""
   scores = ("later_score",)
+  metrics = ("later_score",)
+  columns = ("later_score",)
 
   def score(self, bundle, role, hyps, src_lengths):
     raise NotImplementedError
