@@ -14,6 +14,7 @@ workdir or an unfinished run exits with status 2 and one `error:` line.
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.benchmarks import decode_speed
 from attn.launching import cli
 

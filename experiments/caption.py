@@ -18,6 +18,7 @@ and best/. A bad preset or field exits with status 2 and one `error:` line befor
 written.
 """
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/caption.py:default")

@@ -4,7 +4,7 @@ r"""Can this run's attention be read as an explanation? Diagnose a finished run.
     python -m experiments.diagnose --workdir=workdirs/rec_sasrec --max_examples=2000
 
 The run's recorded experiment (attn.launching.entry_points.experiment_of) picks the diagnosis:
-its application's hook (attn.apps.App.diagnose), else the seq2seq diagnosis (translate,
+its application's hook (attn.common.applications.App.diagnose), else the seq2seq diagnosis (translate,
 summarize, caption).
 
 Seq2seq: loads the best checkpoint of a finished run (experiments/translate.py or
@@ -36,7 +36,8 @@ import os
 
 from absl import flags
 
-from attn import apps
+import attn.apps  # noqa: F401  (registers the built-in applications)
+from attn.common import applications
 from attn.errors import ConfigError
 from attn.inspection import outputs
 from attn.inspection.diagnosis import DiagnoseSettings
@@ -63,7 +64,7 @@ def main(argv):
   del argv
   settings = cli.settings_from_flags(DiagnoseSettings)
   out = outputs.output_dir(settings.out, settings.workdir, "diagnose.json and its plots")
-  other = apps.not_a_run_of(settings.workdir, "python -m experiments.diagnose")
+  other = applications.not_a_run_of(settings.workdir, "python -m experiments.diagnose")
   if other:
     raise ConfigError(other)
   experiment = entry_points.experiment_of(settings.workdir) or "translate"  # its own task

@@ -18,6 +18,7 @@ attn.apps.focus.focus.FocusConfig (and of its stories section) is a flag: --dim,
 
 import os
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.apps.focus.focus import FocusConfig
 from attn.apps.focus.focus_server import FocusServing
 from attn.launching import cli

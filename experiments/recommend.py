@@ -16,6 +16,7 @@ ndcg10, both by history length, attention on the planted trigger) and attention.
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/recommend.py:default")

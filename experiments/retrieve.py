@@ -31,6 +31,7 @@ stage's top weight sits) are written into the workdir (attn.apps.retrieve.retrie
 
 import os
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.apps.retrieve.retrieve import RetrieveConfig
 from attn.apps.retrieve.retrieve_diagnosis import RetrieveDiagnosis
 from attn.apps.retrieve.retrieve_server import RetrieveServing

@@ -23,6 +23,7 @@ line, in test order), attention.npz/png, checkpoints/ and best/. A malformed JSO
 missing field exits with status 2 and one line naming file, line and field.
 """
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/summarize.py:aeslc")

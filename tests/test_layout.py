@@ -1,6 +1,6 @@
 """The layering the README and docs/architectures.md draw: attn/'s root holds the primitives only
-and they never import the rest of attn, the shared layers name no application (attn/apps/<name>/),
-kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
+and they never import the rest of attn, no layer below the applications (attn/apps/) imports
+them, kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
 
 import ast
 import os
@@ -79,22 +79,9 @@ def test_the_library_imports_no_entry_point_or_preset():
         assert not bad, f"{os.path.relpath(path, REPO)} imports {bad}"
 
 
-# The shared layers: what every application uses. They find an application through the
-# registry (attn.apps.APPS, attn.apps.registry) and never import one.
-SHARED = ("attn.training", "attn.launching", "attn.inspection", "attn.models", "attn.data",
-          "attn.decoding", "attn.evaluation", "attn.benchmarks", "attn.common", "attn.config")
 # Modules outside attn/training that still step an optimizer of their own: the primitives'
 # associative-recall study and the primitives demo. The list may only shrink.
 OWN_STEPS = {"attn/benchmarks/recall.py", "experiments/demo.py"}
-
-
-def _imports(path):
-  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-    if isinstance(node, ast.ImportFrom):
-      yield node.module or "", [a.name for a in node.names]
-    elif isinstance(node, ast.Import):
-      for a in node.names:
-        yield a.name, []
 
 
 def _modules(*tops):
@@ -104,16 +91,55 @@ def _modules(*tops):
         yield os.path.relpath(os.path.join(root, name), REPO)
 
 
-def test_the_shared_layers_name_no_application():
-  apps = sorted(n for n in os.listdir(os.path.join(REPO, "attn", "apps"))
-                if os.path.isfile(os.path.join(REPO, "attn", "apps", n, "__init__.py")))
-  assert apps == ["caption", "focus", "recommend", "retrieve", "summarize", "translate"]
+def _module_files():
+  """{dotted module name: path} of the project's modules: attn/, kernels/, experiments/ and
+  launch.py (a package is its __init__.py)."""
+  files = {"launch": os.path.join(REPO, "launch.py")}
+  for path in _modules("attn", "kernels", "experiments"):
+    parts = path[:-len(".py")].split(os.sep)
+    if parts[-1] == "__init__":
+      parts.pop()
+    files[".".join(parts)] = os.path.join(REPO, path)
+  return files
+
+
+def _imported_names(module, path):
+  """The dotted names the module imports, at top level or inside a function: `import a.b` gives
+  a.b; `from a import b` gives a and a.b (b may be a module); relative imports are resolved;
+  `importlib.import_module("a.b")` with a literal name gives a.b."""
+  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+    if isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        up = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+      yield base
+      yield from (f"{base}.{a.name}" for a in node.names)
+    elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+          and isinstance(node.args[0].value, str)
+          and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                         "__import__")):
+      yield node.args[0].value
+
+
+def _is_application(name):
+  return name == "attn.apps" or name.startswith("attn.apps.")
+
+
+def test_no_layer_below_the_applications_imports_them():
+  """attn.apps sits above the rest of attn/: the shared layers read the registry of
+  applications (attn.common.applications) and never import attn.apps, at top level or inside
+  a function; the entry points and the tests import it to register the built-in ones."""
   bad = []
-  for path in _modules(*SHARED):
-    for module, names in _imports(os.path.join(REPO, path)):
-      named = [module] + [f"{module}.{n}" for n in names]
-      if any(m.startswith(f"attn.apps.{a}") for m in named for a in apps):
-        bad.append(f"{path} imports {module}")
+  for module, path in _module_files().items():
+    if not (module == "attn" or module.startswith("attn.")) or _is_application(module):
+      continue
+    named = sorted({n for n in _imported_names(module, path) if _is_application(n)})
+    if named:
+      bad.append(f"{os.path.relpath(path, REPO)} imports {', '.join(named)}")
   assert not bad, bad
 
 

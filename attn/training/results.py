@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from attn.common import applications
 from attn.common.tables import format_cell, markdown_table
 
 # The table of a run whose task the registry cannot tell (no registered task's first score).
@@ -10,11 +11,10 @@ COLUMNS = ("decoder", "score", "normalizer", "params", "tokens_per_sec", "wall_s
 
 def _task_of(named):
   """The task class of the first result a registered application's task claims, or None."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
   for _, res in named:
-    name = apps.app_of_results(res) if res is not None else None
+    name = applications.app_of_results(res) if res is not None else None
     if name is not None:
-      return apps.app(name).task_class
+      return applications.app(name).task_class
   return None
 
 

@@ -1,6 +1,6 @@
 """The task interface of the training loop: what every application's run needs.
 
-A task is what an application (attn.apps) gives the loop: its train section and optimizer, its
+A task is what an application (attn/apps/<name>/) gives the loop: its train section and optimizer, its
 data and the batches the loop trains on, its model and loss, its evaluation (and how it chooses
 the best checkpoint) and its result files. The loop (attn.training.loop) reaches a task only
 through these methods, so it names no application. Sequence-to-sequence tasks, which also decode
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 
+from attn.common import applications
 from attn.errors import ConfigError
 
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
@@ -166,17 +167,15 @@ def refuse_changed_data(recorded: dict, dc, *, free=("batch_size",)) -> None:
 
 
 def get_task(name: str) -> Task:
-  """A fresh instance of the task of registered application `name` (attn.apps.APPS);
-  ConfigError listing the known ones if none."""
-  from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
-  return apps.app(name).task_class()
+  """A fresh instance of the task of registered application `name`
+  (attn.common.applications.APPS); ConfigError listing the known ones if none."""
+  return applications.app(name).task_class()
 
 
 def application_of(task: Task) -> str:
-  """The name of the registered application whose task `task` is (attn.apps.APPS); for a task
-  no application registers, its class name."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
-  for name, entry in apps.APPS.items():
+  """The name of the registered application whose task `task` is
+  (attn.common.applications.APPS); for a task no application registers, its class name."""
+  for name, entry in applications.registry().items():
     if entry.task is not None and entry.task_class is type(task):
       return name
   return type(task).__name__

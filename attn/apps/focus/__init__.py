@@ -1,7 +1,7 @@
 """The reading-focus demo: memory-network readers trained with each normalizer on bAbI-style
 stories, and the page that shows where they look. Entry point: experiments/focus.py."""
 
-from attn.apps.registry import APPS, App
+from attn.common.applications import APPS, App
 
 APPS.add("focus", App("experiments.focus", "the reading-focus demo: readers per normalizer",
                       task="attn.apps.focus.focus_task:FocusTask", launchable=False,

@@ -1,7 +1,7 @@
 """Next-item recommendation on a generated interaction log with planted triggers: SASRec-style
 self-attention against mean-pooling and a GRU. Entry point: experiments/recommend.py."""
 
-from attn.apps.registry import APPS, App
+from attn.common.applications import APPS, App
 
 APPS.add("recommend", App("experiments.recommend",
                           "next-item recommendation: self-attention, mean-pooling, GRU",

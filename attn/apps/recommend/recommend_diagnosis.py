@@ -303,9 +303,9 @@ def write(diag, directory) -> str:
 
 
 def diagnose_workdir(settings, out: str):
-  """`experiments.diagnose`'s hook (attn.apps.App.diagnose): the diagnosis of the finished run
-  in `settings.workdir` (DiagnoseSettings) written into `out`; (diagnose.json's path, the plot
-  file names, the printed table)."""
+  """`experiments.diagnose`'s hook (attn.common.applications.App.diagnose): the diagnosis of the
+  finished run in `settings.workdir` (DiagnoseSettings) written into `out`; (diagnose.json's
+  path, the plot file names, the printed table)."""
   if settings.ig_steps:
     raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
                       "implemented for recommend runs; leave it at 0")

@@ -1,9 +1,9 @@
-"""The registry of applications: one entry per application package under attn/apps/.
+"""The registry of applications, `APPS`: one `App` entry per application.
 
-An application is a folder (`attn/apps/<name>/`) holding its data source, model wiring, task,
-metrics, diagnosis hooks and defaults, and one `App` entry that names its task and its entry
-point. The shared layers (training loop, decoding, inspection, launching) find an application
-only through this registry: they never name one.
+An application is a folder (`attn/apps/<name>/`) holding its task, model, data, diagnosis hooks
+and defaults; its package's `__init__` adds its `App` here. The registry sits below the shared
+layers (training loop, inspection, launching), which read it and never name an application; what
+sits above them (`attn.apps`, imported by the entry points and the tests) fills it.
 """
 
 from __future__ import annotations
@@ -87,6 +87,23 @@ def _resolve(ref):
   return ref
 
 
+APPS: Registry[App] = Registry("application", error=ConfigError)
+
+
+def registry() -> Registry[App]:
+  """`APPS`, once an application is registered in it; a RuntimeError while it is empty (nothing
+  imported `attn.apps`, which registers the built-in applications)."""
+  if not APPS.names():
+    raise RuntimeError("no application is registered: import attn.apps first (the entry points "
+                       "and the tests do), or add one to attn.common.applications.APPS")
+  return APPS
+
+
+def app(name: str) -> App:
+  """The registered application `name`; ConfigError listing the known ones if none."""
+  return registry().get(name)
+
+
 def _recorded_scores(workdir: str):
   """The dicts of scores a run recorded: results.json's, then metrics.jsonl's first
   evaluation's (a run stopped before its final evaluation)."""
@@ -110,6 +127,7 @@ def _recorded_scores(workdir: str):
 def app_of_records(workdir: str) -> str | None:
   """The launchable application whose scores the run in `workdir` recorded (results.json, else
   metrics.jsonl's first evaluation), or None."""
+  registry()  # an empty registry is an error, not "no application"
   for scores in _recorded_scores(workdir):
     name = app_of_results(scores)
     if name is not None:
@@ -120,7 +138,7 @@ def app_of_records(workdir: str) -> str | None:
 def app_of_workdir(workdir: str) -> str | None:
   """The application launch.py does not start whose finished run `workdir` holds (its
   `results_file`), or None."""
-  for name, entry in APPS.items():
+  for name, entry in registry().items():
     if not entry.launchable and os.path.exists(os.path.join(workdir, entry.results_file)):
       return name
   return None
@@ -132,25 +150,17 @@ def not_a_run_of(workdir: str, tool: str) -> str | None:
   name = app_of_workdir(workdir)
   if name is None:
     return None
-  entry = APPS.get(name)
+  entry = app(name)
   return (f"{workdir} holds a {name} run ({entry.results_file}: {entry.doc}), which {tool} does "
           f"not read; it reads the runs launch.py starts "
-          f"({', '.join(n for n, a in APPS.items() if a.launchable)}). The {name} run's own "
+          f"({', '.join(n for n, a in registry().items() if a.launchable)}). The {name} run's own "
           f"tools: python -m {entry.module} --help")
-
-
-APPS: Registry[App] = Registry("application", error=ConfigError)
-
-
-def app(name: str) -> App:
-  """The registered application `name`; ConfigError listing the known ones if none."""
-  return APPS.get(name)
 
 
 def app_of_results(fields) -> str | None:
   """The launchable application whose first score is among `fields` (a results.json's or an
   evaluation's keys), or None: each task's first score is its own."""
-  for name, entry in APPS.items():
+  for name, entry in registry().items():
     if entry.launchable and entry.scores and entry.scores[0] in fields:
       return name
   return None
