@@ -26,7 +26,7 @@ Recommend (experiments/recommend.py, model.kind=sasrec): the first --max_example
 gradient x input over the history items and the planted trigger, and the final position's
 attention row replaced by each intervention in every block at once, then in each block alone:
 the held-out item's log-probability and rank, HR@10, NDCG@10 (attn/apps/recommend/
-recommend_diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
+diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
 meanpool or gru run is refused in one line naming its model.kind; --ig_steps is seq2seq only.
 
 The flags are the fields of attn.inspection.diagnosis.DiagnoseSettings.

@@ -1,8 +1,10 @@
 """The layering the README and docs/architectures.md draw: attn/'s root holds the primitives only
 and they never import the rest of attn, no layer below the applications (attn/apps/) imports
-them, kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
+them, no modules import each other in a circle, kernels import nothing from attn, and the kernel
+benchmark runs with jax alone."""
 
 import ast
+import collections
 import os
 import re
 import subprocess
@@ -125,6 +127,23 @@ def _imported_names(module, path):
       yield node.args[0].value
 
 
+def _import_graph():
+  """{module: the project modules whose code importing it runs}: each module it names and the
+  packages above that one (their __init__ runs first), but not its own packages (they are
+  already being imported when it runs)."""
+  files = _module_files()
+  graph = {}
+  for module, path in files.items():
+    deps = set()
+    for name in _imported_names(module, path):
+      parts = name.split(".")
+      for n in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+        if n in files and n != module and not module.startswith(n + "."):
+          deps.add(n)
+    graph[module] = deps
+  return graph
+
+
 def _is_application(name):
   return name == "attn.apps" or name.startswith("attn.apps.")
 
@@ -141,6 +160,53 @@ def test_no_layer_below_the_applications_imports_them():
     if named:
       bad.append(f"{os.path.relpath(path, REPO)} imports {', '.join(named)}")
   assert not bad, bad
+
+
+def _reachable(graph, start):
+  """The modules `start` imports, directly or through others."""
+  seen, todo = set(), [start]
+  while todo:
+    for child in graph[todo.pop()]:
+      if child not in seen:
+        seen.add(child)
+        todo.append(child)
+  return seen
+
+
+def _circles(graph):
+  """One circle per group of modules that import each other (a strongly connected component):
+  the shortest way from its first module back to it, the first module repeated last."""
+  reach = {m: _reachable(graph, m) for m in graph}
+  circles, done = [], set()
+  for start in sorted(m for m in graph if m in reach[m]):
+    if start in done:
+      continue
+    group = {m for m in reach[start] if start in reach[m]}
+    done |= group
+    came_from, queue = {}, collections.deque([start])
+    while start not in graph[queue[0]]:  # breadth first: the first node that leads back
+      node = queue.popleft()
+      for child in sorted(graph[node] & group):
+        if child not in came_from and child != start:
+          came_from[child] = node
+          queue.append(child)
+    path = [queue[0]]
+    while path[-1] != start:
+      path.append(came_from[path[-1]])
+    circles.append(path[::-1] + [start])
+  return circles
+
+
+def test_circles_are_found_and_named():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+  assert _circles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+
+
+def test_no_import_circle():
+  """No module of attn/, kernels/, experiments/ or launch.py imports, through any chain of
+  imports (inside functions too), a module that imports it back."""
+  circles = [" -> ".join(c) for c in _circles(_import_graph())]
+  assert not circles, circles
 
 
 def test_no_inspection_module_trains():

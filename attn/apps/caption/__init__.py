@@ -4,4 +4,4 @@ Entry point: experiments/caption.py."""
 from attn.common.applications import APPS, App
 
 APPS.add("caption", App("experiments.caption", "image captioning: attention over image regions",
-                        task="attn.apps.caption.captioning:CaptionTask"))
+                        task="attn.apps.caption.task:CaptionTask"))

@@ -4,5 +4,5 @@ stories, and the page that shows where they look. Entry point: experiments/focus
 from attn.common.applications import APPS, App
 
 APPS.add("focus", App("experiments.focus", "the reading-focus demo: readers per normalizer",
-                      task="attn.apps.focus.focus_task:FocusTask", launchable=False,
+                      task="attn.apps.focus.task:FocusTask", launchable=False,
                       results_file="focus.json"))

@@ -5,5 +5,5 @@ from attn.common.applications import APPS, App
 
 APPS.add("recommend", App("experiments.recommend",
                           "next-item recommendation: self-attention, mean-pooling, GRU",
-                          task="attn.apps.recommend.recommendation:RecommendTask",
-                          diagnose="attn.apps.recommend.recommend_diagnosis:diagnose_workdir"))
+                          task="attn.apps.recommend.task:RecommendTask",
+                          diagnose="attn.apps.recommend.diagnosis:diagnose_workdir"))

@@ -4,5 +4,5 @@ reader per retrieval mode and pool size. Entry point: experiments/retrieve.py.""
 from attn.common.applications import APPS, App
 
 APPS.add("retrieve", App("experiments.retrieve", "retrieval, then read: recall@k and accuracy",
-                         task="attn.apps.retrieve.retrieve_task:RetrieveTask",
+                         task="attn.apps.retrieve.task:RetrieveTask",
                          launchable=False, results_file="retrieve.json"))

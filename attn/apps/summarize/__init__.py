@@ -5,4 +5,4 @@ from attn.common.applications import APPS, App
 
 APPS.add("summarize", App("experiments.summarize",
                           "summarization: attention, pointer-generator, coverage",
-                          task="attn.apps.summarize.summarization:SummarizationTask"))
+                          task="attn.apps.summarize.task:SummarizationTask"))

@@ -4,4 +4,4 @@ chrF, exact match and gold-alignment scores. Entry point: experiments/translate.
 from attn.common.applications import APPS, App
 
 APPS.add("translate", App("experiments.translate", "seq2seq translation",
-                          task="attn.apps.translate.translation:TranslationTask"))
+                          task="attn.apps.translate.task:TranslationTask"))
