@@ -8,13 +8,11 @@ A run's config has three sections, built from the sweep's RetrieveConfig by `run
 and the pools' seed), `model` (RetrieveModelSection: mode, dim, hops, top_k) and `train`
 (RetrieveTrainConfig: the loop's settings and the weight of the gold-passage loss).
 
-Batches: step s reads the questions the sweep's compiled loop of steps always drew,
-`jax.random.randint` from the key of the seed folded with 1, then with the first step of s's
-chunk of 250 steps, then with s's place in the chunk, and carries the `random` mode's key drawn
-with them (`step_draws`), so the sweep's figures are those of its former trainer; a resumed run
-reads the batches an uninterrupted one would. The sweep measures its final model, as it always has: the
-run has no eval split (no best/), and `write_results` evaluates the last state on the held-out
-pools.
+Batches: step s reads the questions drawn by `jax.random.randint` from the key of the seed
+folded with 1, then with the first step of s's chunk of 250 steps, then with s's place in the
+chunk, and carries the `random` mode's key drawn with them (`step_draws`); a resumed run reads
+the batches an uninterrupted one would. The sweep measures its final model: the run has no eval
+split (no best/), and `write_results` evaluates the last state on the held-out pools.
 
 Run workdir: config.json, model.json, checkpoints/, metrics.jsonl + tb/, retriever.npz (the
 trained parameters, as the page reads them) and results.json (last).
@@ -45,7 +43,7 @@ from attn.training import distributed
 from attn.training.config import LoopConfig
 from attn.training.task import RUN_FIGURES, Task
 
-CHUNK = 250  # steps per compiled loop in the sweep's former trainer: its key schedule
+CHUNK = 250  # steps per block of draws: step_draws' key schedule
 PARAMS_FILE = "retriever.npz"  # a run's trained parameters (reader.save_params)
 RESULTS_FILE = "results.json"
 
@@ -142,9 +140,8 @@ def load_pools(dc: RetrieveData) -> RetrieveBundle:
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _chunk_draws(key, start, count: int, batch_size: int, num_questions: int):
   """(questions [count, batch_size], keys [count, 2]) of the first `count` steps of the chunk
-  starting at step `start`: the sweep's former compiled loop drew them inside it, per step i,
-  k1, k2 = split(fold_in(fold_in(key, start), i)); questions randint(k1, ...), k2 the `random`
-  mode's key."""
+  starting at step `start`: per step i, k1, k2 = split(fold_in(fold_in(key, start), i));
+  questions randint(k1, ...), k2 the `random` mode's key."""
   chunk_key = jax.random.fold_in(key, start)
 
   def one(i):
@@ -264,7 +261,7 @@ class RetrieveTask(Task):
     """(sum of the per-question losses, questions, sum of the answer NLLs), float32 scalars.
     options: retrieval_loss (0 when the loss is only evaluated: its third part is what counts
     then). The `random` mode draws with the batch's key (its rows all hold the step's), not
-    with `dropout_key`, so a step draws what the former trainer drew."""
+    with `dropout_key`."""
     del dropout_key
     loss, nll = question_losses(model, batch, batch["key"][0], options.get("retrieval_loss", 0.0))
     return jnp.sum(loss), jnp.asarray(loss.shape[0], jnp.float32), jnp.sum(nll)
