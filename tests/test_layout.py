@@ -162,6 +162,16 @@ def test_no_layer_below_the_applications_imports_them():
   assert not bad, bad
 
 
+def test_the_shared_layers_without_the_applications_name_the_import_that_registers_them():
+  """A shared-layer function reading an empty registry (nothing imported attn.apps) fails
+  naming the import, rather than finding no application."""
+  code = ("from attn import training\n"
+          "try:\n  training.get_task('translate')\nexcept RuntimeError as e:\n  print(e)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout
+  assert "no application is registered: import attn.apps" in out, out
+
+
 def _reachable(graph, start):
   """The modules `start` imports, directly or through others."""
   seen, todo = set(), [start]
