@@ -81,6 +81,7 @@ import sys
 
 from absl import app, flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.errors import AttnError
 from attn.launching import cli, entry_points, launchers, sweeps
 

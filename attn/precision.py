@@ -47,11 +47,9 @@ def matmul(x, w, dtype):
   gradient is a float32 sum over the batch, never a rounded one.
 
   Why a custom VJP: autodiff of `jnp.dot(x16, w16, preferred_element_type=float32)` transposes
-  into float32 x bfloat16 products (float32's speed on this CPU: ~290 vs ~430 GFLOP/s for
-  bfloat16 x bfloat16 -> float32 at the output layer's [3840, 512] x [512, 5908], 2026-11-30,
-  load ~3.5 on 2 cores) and rounds both gradients to bfloat16 through the transpose of the
-  operand casts; with a bfloat16 result instead, every product is bfloat16 -> bfloat16, slower
-  still here (~240 GFLOP/s) and rounded.
+  into float32 x bfloat16 products (float32's speed on this CPU, not bfloat16's) and rounds both
+  gradients to bfloat16 through the transpose of the operand casts; with a bfloat16 result
+  instead, every product is bfloat16 -> bfloat16, slower still here and rounded.
 
   The forward pass saves x^T [K, M], not x: XLA:CPU (jax 0.10.2) runs a bfloat16 dot whose
   left operand contracts its leading axis (x^T g read from x) by converting both operands to

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.launching import cli, entry_points

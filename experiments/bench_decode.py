@@ -18,6 +18,7 @@ live there); a missing workdir, an unfinished run or a run whose task decodes no
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.benchmarks import decode_speed
 from attn.launching import cli
 

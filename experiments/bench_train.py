@@ -14,6 +14,7 @@ that library's docstring says what each figure means.
 from absl import flags
 from ml_collections import config_flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.benchmarks import train_throughput
 from attn.launching import cli
 

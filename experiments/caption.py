@@ -6,7 +6,7 @@ r"""Train and evaluate an image captioner: show, attend and tell in miniature.
         --config.model.rnn.decoder=none --config.model.rnn.match_params_of=bahdanau \
         --workdir=workdirs/caption/none
 
-Images are strips of glyph cells drawn from matplotlib's bundled fonts (attn.apps.caption.captions;
+Images are strips of glyph cells drawn from matplotlib's bundled fonts (attn.apps.caption.data;
 nothing is downloaded), captioned with their digits in reading order by a small CNN over the
 cells and a GRU decoder that attends over the cells (model.rnn.decoder=bahdanau, any registered
 score and normalizer) or reads only their mean (decoder=none). The same loop, workdir layout and
@@ -18,6 +18,7 @@ and best/. A bad preset or field exits with status 2 and one `error:` line befor
 written.
 """
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/caption.py:default")

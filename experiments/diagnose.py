@@ -4,7 +4,7 @@ r"""Can this run's attention be read as an explanation? Diagnose a finished run.
     python -m experiments.diagnose --workdir=workdirs/rec_sasrec --max_examples=2000
 
 The run's recorded experiment (attn.launching.entry_points.experiment_of) picks the diagnosis:
-its application's hook (attn.apps.App.diagnose), else the seq2seq diagnosis (translate,
+its application's hook (attn.common.applications.App.diagnose), else the seq2seq diagnosis (translate,
 summarize, caption).
 
 Seq2seq: loads the best checkpoint of a finished run (experiments/translate.py or
@@ -26,7 +26,7 @@ Recommend (experiments/recommend.py, model.kind=sasrec): the first --max_example
 gradient x input over the history items and the planted trigger, and the final position's
 attention row replaced by each intervention in every block at once, then in each block alone:
 the held-out item's log-probability and rank, HR@10, NDCG@10 (attn/apps/recommend/
-recommend_diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
+diagnosis.py); diagnose.json, diagnose_tau.png, diagnose_counterfactual.png. A
 meanpool or gru run is refused in one line naming its model.kind; --ig_steps is seq2seq only.
 
 The flags are the fields of attn.inspection.diagnosis.DiagnoseSettings.
@@ -36,7 +36,8 @@ import os
 
 from absl import flags
 
-from attn import apps
+import attn.apps  # noqa: F401  (registers the built-in applications)
+from attn.common import applications
 from attn.errors import ConfigError
 from attn.inspection import outputs
 from attn.inspection.diagnosis import DiagnoseSettings
@@ -63,7 +64,7 @@ def main(argv):
   del argv
   settings = cli.settings_from_flags(DiagnoseSettings)
   out = outputs.output_dir(settings.out, settings.workdir, "diagnose.json and its plots")
-  other = apps.not_a_run_of(settings.workdir, "python -m experiments.diagnose")
+  other = applications.not_a_run_of(settings.workdir, "python -m experiments.diagnose")
   if other:
     raise ConfigError(other)
   experiment = entry_points.experiment_of(settings.workdir) or "translate"  # its own task

@@ -12,14 +12,15 @@ Each reader trains through the one training loop (attn.training.loop) in its own
 <workdir>/runs/<normalizer>/: rerunning the same command resumes an interrupted demo from its
 last checkpoint (Ctrl-C saves the current step first), and a loss that diverges stops it.
 With --port > 0 it then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
-attn.apps.focus.focus.FocusConfig (and of its stories section) is a flag: --dim, --train_size,
+attn.apps.focus.sweep.FocusConfig (and of its stories section) is a flag: --dim, --train_size,
 --object_questions, ...
 """
 
 import os
 
-from attn.apps.focus.focus import FocusConfig
-from attn.apps.focus.focus_server import FocusServing
+import attn.apps  # noqa: F401  (registers the built-in applications)
+from attn.apps.focus.sweep import FocusConfig
+from attn.apps.focus.server import FocusServing
 from attn.launching import cli
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
@@ -36,8 +37,8 @@ def define_flags():
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.focus import focus
-  from attn.apps.focus import focus_server
+  from attn.apps.focus import sweep as focus
+  from attn.apps.focus import server as focus_server
   cfg = cli.settings_from_flags(FocusConfig)
   serving = cli.settings_from_flags(FocusServing)
   page = focus_server.inline_page(WEB_DIR)

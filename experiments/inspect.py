@@ -15,6 +15,7 @@ import os
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.config import configurable
 from attn.inspection.viewer import ViewerSettings
 from attn.launching import cli

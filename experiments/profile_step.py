@@ -18,6 +18,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.benchmarks import harness, op_profile, train_throughput
 from attn.common.tables import markdown_table
 from attn.config.configurable import option

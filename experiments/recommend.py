@@ -16,6 +16,7 @@ ndcg10, both by history length, attention on the planted trigger) and attention.
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/recommend.py:default")
@@ -24,17 +25,17 @@ cli.define_training_flags("experiments/configs/recommend.py:default")
 def validate_config(config):
   """The checks train_and_evaluate makes before touching the workdir (launch.py runs them on
   every combination of a sweep first)."""
-  from attn.apps.recommend import recommendation  # pylint: disable=import-outside-toplevel
-  recommendation.validate_config(config)
+  from attn.apps.recommend import task  # pylint: disable=import-outside-toplevel
+  task.validate_config(config)
 
 
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.recommend import recommendation_eval
+  from attn.apps.recommend import report
   from attn.training import loop  # pylint: disable=import-outside-toplevel
   results = loop.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, task="recommend")
-  print(recommendation_eval.results_table([(results["model"], results)]))
+  print(report.results_table([(results["model"], results)]))
 
 
 if __name__ == "__main__":

@@ -25,11 +25,10 @@ def main(argv):
   del argv
   settings = cli.settings_from_flags(ReportSettings)
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.recommend import recommend_report
-  from attn.apps.recommend.recommendation_eval import results_table
-  rows = recommend_report.load(settings.workdirs)
-  print(results_table(rows))
-  recommend_report.figure(rows, settings.out)
+  from attn.apps.recommend import report
+  rows = report.load(settings.workdirs)
+  print(report.results_table(rows))
+  report.figure(rows, settings.out)
   print(f"wrote {settings.out}")
 
 

@@ -18,7 +18,7 @@ Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mo
 distractors, training time), retrieve.png (the same against distractors), retriever.npz and
 model.json (the model the page serves) and retrieve.html into the workdir. With --port > 0 it
 then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
-attn.apps.retrieve.retrieve.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
+attn.apps.retrieve.sweep.RetrieveConfig (and of its stories section) is a flag: --top_k, --hops,
 --retrieval_loss, --modes, ...
 
 --diagnose (after training, or with --serve_only on the model already saved in --workdir, without
@@ -26,14 +26,15 @@ retraining) asks whether the answer uses the weights: the served model's retriev
 its top-k stories and each reader hop's weights over sentences are replaced in turn by each of
 --interventions (attn.inspection.interventions; `identity` reproduces the model's accuracy) on the
 run's own test pools, and diagnose.json and diagnose.md (accuracy, answers changed, and where each
-stage's top weight sits) are written into the workdir (attn.apps.retrieve.retrieve_diagnosis).
+stage's top weight sits) are written into the workdir (attn.apps.retrieve.diagnosis).
 """
 
 import os
 
-from attn.apps.retrieve.retrieve import RetrieveConfig
-from attn.apps.retrieve.retrieve_diagnosis import RetrieveDiagnosis
-from attn.apps.retrieve.retrieve_server import RetrieveServing
+import attn.apps  # noqa: F401  (registers the built-in applications)
+from attn.apps.retrieve.sweep import RetrieveConfig
+from attn.apps.retrieve.diagnosis import RetrieveDiagnosis
+from attn.apps.retrieve.server import RetrieveServing
 from attn.launching import cli
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
@@ -50,10 +51,10 @@ def define_flags():
 def main(argv):
   del argv
   # pylint: disable-next=import-outside-toplevel  (after flag parsing)
-  from attn.apps.focus import focus_server
-  from attn.apps.retrieve import retrieve
-  from attn.apps.retrieve import retrieve_diagnosis
-  from attn.apps.retrieve import retrieve_server
+  from attn.apps.focus import server as focus_server
+  from attn.apps.retrieve import sweep as retrieve
+  from attn.apps.retrieve import diagnosis as retrieve_diagnosis
+  from attn.apps.retrieve import server as retrieve_server
   cfg = cli.settings_from_flags(RetrieveConfig)
   serving = cli.settings_from_flags(RetrieveServing)
   diagnosis = cli.settings_from_flags(RetrieveDiagnosis)

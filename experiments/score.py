@@ -29,6 +29,7 @@ import math
 
 from absl import flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.launching import cli, entry_points

@@ -16,6 +16,7 @@ import dataclasses
 from absl import flags
 from ml_collections import config_flags
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.launching import cli

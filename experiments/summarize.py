@@ -18,11 +18,12 @@ aeslc_tfds) read prepared array_record datasets. The same workdir layout and res
 experiments/translate.py: results.json (ROUGE F1 x100 on the test split: with annotations,
 rouge1/rouge2/rougeL the mean over each example's annotations, *_max the best, rouge*_subject
 against the subject alone; without, rouge1/2/L against the subject; rouge_references says which;
-attn/apps/summarize/summarization.py; the copy figures; params; wall_s), predictions.txt (one summary a
+attn/apps/summarize/task.py; the copy figures; params; wall_s), predictions.txt (one summary a
 line, in test order), attention.npz/png, checkpoints/ and best/. A malformed JSON line or a
 missing field exits with status 2 and one line naming file, line and field.
 """
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/summarize.py:aeslc")

@@ -19,6 +19,7 @@ attention.npz and attention.png into the workdir. Bad input (missing files, mism
 counts, unknown variant names) exits with status 2 and one `error:` line before any training.
 """
 
+import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn.launching import cli
 
 cli.define_training_flags("experiments/configs/translate.py:multi30k")

@@ -40,6 +40,13 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MIN_BLOCK = 16  # Triton's dot needs M, N, K >= 16; Pallas Triton needs power-of-two shapes.
 MAX_HEAD_DIM = 256  # a [block, d] tile of q, k and v must fit the GPU's shared memory
+# The shared memory one thread block may use (CUDA's opt-in maximum per block), by GPU class:
+# class -> (bytes per thread block, the compute capabilities of the class).
+SMEM_BUDGETS = {
+    "hopper": (232_448, ("9.0",)),  # 227 KiB: H100, H200
+    "ampere": (166_912, ("8.0", "8.7")),  # 163 KiB: A100, A30 (sm80), Jetson Orin (sm87)
+    "sm86": (101_376, ("8.6", "8.9")),  # 99 KiB: A10, A40, RTX 30xx (sm86); L4, L40 (sm89)
+}
 
 
 def _is_pow2(n: int) -> bool:

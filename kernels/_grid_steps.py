@@ -3,8 +3,8 @@ interpreter): grid (b, h, r, c) with r the block a step writes and c the block i
 innermost axis c a reduction into float32 scratch (set at c = 0, written out at the last c).
 
 A TPU kernel keeps only tiles in VMEM (v5e: 16 MiB scoped by default): a kernel that loops over a
-whole other sequence inside one grid step needs that sequence's [T, d] slab resident (at T = 16k,
-bf16, d = 128 the dk/dv backward asked for 24 MiB). So the grid launch walks the other sequence as
+whole other sequence inside one grid step needs that sequence's [T, d] slab resident, more than
+that at long T. So the grid launch walks the other sequence as
 the innermost grid axis (JAX's `pallas/ops/tpu/flash_attention.py` does the same); its grid,
 BlockSpecs and compiler params are the TPU target's (`kernels/targets/tpu.py`).
 """

@@ -17,13 +17,13 @@ dv partial sums come out per key block and are added in XLA (no atomics).
 
 tanh passes (formations of the Tq·Tk·d_attn tanh elements, causal halves aside). The forward
 forms each once. A backward kernel needs each slice twice, for the score (dS needs all of it)
-and then for its gradients, and formed it twice in both kernels: 1 + 2 + 2 = 5 passes. Now a
+and then for its gradients: forming it twice in both kernels makes 1 + 2 + 2 = 5 passes. A
 kernel forms a slice once wherever the tile's slices stay on chip until dS is known:
 - TPU (`kernels/_additive_tpu.py`): the dq and dk/dv bodies stash the step's tanh slabs in VMEM
   scratch (up to `_additive_tpu.STASH_BYTES`: d_attn <= 256 at the TPU tiles): 1 + 1 + 1 = 3.
 - Triton: no scratch, and registers hold one [bq, bk, block_d] slice (64 floats a thread at
   32 x 32 x 8), not d_attn / block_d of them: a slice is held only when it is all of d_attn
-  (block_d >= d_attn: 3 passes); otherwise 5, as before.
+  (block_d >= d_attn: 3 passes); otherwise 5.
 The fewest passes, one for the whole backward, need one kernel to form each tile's tanh for dq
 and dk/dv together: without atomics its dq contributions must leave as partial sums per key
 block, [B, H, Tk / bk, Tq, d_attn] in HBM (at T = 16k, d_attn = 128, bk = 128 that is 1 GiB a

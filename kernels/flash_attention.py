@@ -18,7 +18,7 @@ GPU lowering: Triton (`jax.experimental.pallas.triton`), chosen knowingly over M
 - The kernel body below is plain Pallas (BlockSpecs, `fori_loop`, `dot_general`), so the same code
   runs in CPU interpret mode, which is what our CI tests; a Mosaic GPU kernel is a different
   program (warpgroups, TMA copies, barriers, explicit pipelining) that CPU interpret mode would
-  not cover the same way, and no GPU was available to validate one when this was written.
+  not cover the same way.
 - Triton runs on Ampere to Hopper with its tiles fitted to the GPU's shared memory
   (`kernels/targets/smem.py`: the host's GPU class, or ATTN_TRITON_SMEM=ampere|sm86|hopper);
   Mosaic GPU targets Hopper+. float32 dots are IEEE float32 (precision HIGHEST; Triton's

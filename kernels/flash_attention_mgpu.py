@@ -56,7 +56,6 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels import _common, _mgpu_kernels
-from kernels.targets import smem
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 STAGES = 2  # key/value shared-memory slots in flight
 BLOCK_KS = (64, 128, 256)  # key tiles the forward takes (multiples of 64; more do not fit)
-SMEM_LIMIT = smem.BUDGETS["hopper"][0]  # Hopper only: 227 KiB per thread block
+SMEM_LIMIT = _common.SMEM_BUDGETS["hopper"][0]  # Hopper only: 227 KiB per thread block
 REDUCTION_SCRATCH = 2048  # plgpu.CompilerParams.reduction_scratch_bytes' default (row max/sum)
 BARRIER_BYTES = 8
 SMEM_ALIGNMENT = 1024  # the lowering aligns each shared-memory buffer to 1 KiB

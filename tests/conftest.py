@@ -70,6 +70,9 @@ if compile_cache.configured_dir():
                       float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
   compile_cache.enable()  # this process's own compilations (in-process training, kernels) too
 
+# The tests sit above every layer: they register the built-in applications, as the entry
+# points do.
+import attn.apps  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import
 from attn import training  # pylint: disable=wrong-import-position
 from experiments.configs import translate as translate_config
 from experiments.configs import use_arch

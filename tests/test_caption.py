@@ -14,13 +14,13 @@ import pytest
 from flax import nnx
 
 from attn import training
-from attn.apps.caption import captions
+from attn.apps.caption import data as captions
 from attn.apps.caption import glyphs
 from attn.data.tokens import EOS, PAD
 from attn.errors import AttnError
 from attn.models import count_params
-from attn.apps.caption.captioner import build_captioner
-from attn.apps.caption.captioning import digit_accuracy
+from attn.apps.caption.model import build_captioner
+from attn.apps.caption.task import digit_accuracy
 from experiments.configs import caption as caption_config
 from experiments.configs import use_arch
 

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 import attn
-from attn.apps.focus import focus
-from attn.apps.focus import focus_server
+from attn.apps.focus import sweep as focus
+from attn.apps.focus import server as focus_server
 from attn.data import stories
 from attn.models import reader
 from attn.errors import ConfigError
@@ -242,7 +242,7 @@ TINY = focus.FocusConfig(
 
 def test_ctrl_c_saves_the_reader_and_the_rerun_ends_where_an_uninterrupted_demo_does(
     tmp_path, monkeypatch):
-  from attn.apps.focus import focus_task
+  from attn.apps.focus import task as focus_task
   twin = focus.train_and_evaluate(TINY, str(tmp_path / "twin"), verbose=False)
   real = focus_task.FocusTask.train_tokens
 

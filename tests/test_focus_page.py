@@ -10,8 +10,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from attn.apps.focus import focus
-from attn.apps.focus import focus_server
+from attn.apps.focus import sweep as focus
+from attn.apps.focus import server as focus_server
 from attn.data import stories
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 

@@ -1,8 +1,10 @@
 """The layering the README and docs/architectures.md draw: attn/'s root holds the primitives only
-and they never import the rest of attn, the shared layers name no application (attn/apps/<name>/),
-kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
+and they never import the rest of attn, no layer below the applications (attn/apps/) imports
+them, no modules import each other in a circle, kernels import nothing from attn, and the kernel
+benchmark runs with jax alone."""
 
 import ast
+import collections
 import os
 import re
 import subprocess
@@ -79,22 +81,9 @@ def test_the_library_imports_no_entry_point_or_preset():
         assert not bad, f"{os.path.relpath(path, REPO)} imports {bad}"
 
 
-# The shared layers: what every application uses. They find an application through the
-# registry (attn.apps.APPS, attn.apps.registry) and never import one.
-SHARED = ("attn.training", "attn.launching", "attn.inspection", "attn.models", "attn.data",
-          "attn.decoding", "attn.evaluation", "attn.benchmarks", "attn.common", "attn.config")
 # Modules outside attn/training that still step an optimizer of their own: the primitives'
 # associative-recall study and the primitives demo. The list may only shrink.
 OWN_STEPS = {"attn/benchmarks/recall.py", "experiments/demo.py"}
-
-
-def _imports(path):
-  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-    if isinstance(node, ast.ImportFrom):
-      yield node.module or "", [a.name for a in node.names]
-    elif isinstance(node, ast.Import):
-      for a in node.names:
-        yield a.name, []
 
 
 def _modules(*tops):
@@ -104,18 +93,137 @@ def _modules(*tops):
         yield os.path.relpath(os.path.join(root, name), REPO)
 
 
-def test_the_shared_layers_name_no_application():
-  apps = sorted(n for n in os.listdir(os.path.join(REPO, "attn", "apps"))
-                if os.path.isfile(os.path.join(REPO, "attn", "apps", n, "__init__.py")))
+def test_every_application_folder_is_a_registered_application():
+  folders = sorted(n for n in os.listdir(os.path.join(REPO, "attn", "apps"))
+                   if os.path.isfile(os.path.join(REPO, "attn", "apps", n, "__init__.py")))
   from attn.apps import APPS  # pylint: disable=import-outside-toplevel
-  assert apps and apps == sorted(APPS.names()), (apps, APPS.names())  # one package each
+  assert folders and folders == sorted(APPS.names()), (folders, APPS.names())  # one package each
+
+
+def _module_files():
+  """{dotted module name: path} of the project's modules: attn/, kernels/, experiments/ and
+  launch.py (a package is its __init__.py)."""
+  files = {"launch": os.path.join(REPO, "launch.py")}
+  for path in _modules("attn", "kernels", "experiments"):
+    parts = path[:-len(".py")].split(os.sep)
+    if parts[-1] == "__init__":
+      parts.pop()
+    files[".".join(parts)] = os.path.join(REPO, path)
+  return files
+
+
+def _imported_names(module, path):
+  """The dotted names the module imports, at top level or inside a function: `import a.b` gives
+  a.b; `from a import b` gives a and a.b (b may be a module); relative imports are resolved;
+  `importlib.import_module("a.b")` with a literal name gives a.b."""
+  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+    if isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        up = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+      yield base
+      yield from (f"{base}.{a.name}" for a in node.names)
+    elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+          and isinstance(node.args[0].value, str)
+          and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                         "__import__")):
+      yield node.args[0].value
+
+
+def _import_graph():
+  """{module: the project modules whose code importing it runs}: each module it names and the
+  packages above that one (their __init__ runs first), but not its own packages (they are
+  already being imported when it runs)."""
+  files = _module_files()
+  graph = {}
+  for module, path in files.items():
+    deps = set()
+    for name in _imported_names(module, path):
+      parts = name.split(".")
+      for n in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+        if n in files and n != module and not module.startswith(n + "."):
+          deps.add(n)
+    graph[module] = deps
+  return graph
+
+
+def _is_application(name):
+  return name == "attn.apps" or name.startswith("attn.apps.")
+
+
+def test_no_layer_below_the_applications_imports_them():
+  """attn.apps sits above the rest of attn/: the shared layers read the registry of
+  applications (attn.common.applications) and never import attn.apps, at top level or inside
+  a function; the entry points and the tests import it to register the built-in ones."""
   bad = []
-  for path in _modules(*SHARED):
-    for module, names in _imports(os.path.join(REPO, path)):
-      named = [module] + [f"{module}.{n}" for n in names]
-      if any(m.startswith(f"attn.apps.{a}") for m in named for a in apps):
-        bad.append(f"{path} imports {module}")
+  for module, path in _module_files().items():
+    if not (module == "attn" or module.startswith("attn.")) or _is_application(module):
+      continue
+    named = sorted({n for n in _imported_names(module, path) if _is_application(n)})
+    if named:
+      bad.append(f"{os.path.relpath(path, REPO)} imports {', '.join(named)}")
   assert not bad, bad
+
+
+def test_the_shared_layers_without_the_applications_name_the_import_that_registers_them():
+  """A shared-layer function reading an empty registry (nothing imported attn.apps) fails
+  naming the import, rather than finding no application."""
+  code = ("from attn import training\n"
+          "try:\n  training.get_task('translate')\nexcept RuntimeError as e:\n  print(e)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout
+  assert "no application is registered: import attn.apps" in out, out
+
+
+def _reachable(graph, start):
+  """The modules `start` imports, directly or through others."""
+  seen, todo = set(), [start]
+  while todo:
+    for child in graph[todo.pop()]:
+      if child not in seen:
+        seen.add(child)
+        todo.append(child)
+  return seen
+
+
+def _circles(graph):
+  """One circle per group of modules that import each other (a strongly connected component):
+  the shortest way from its first module back to it, the first module repeated last."""
+  reach = {m: _reachable(graph, m) for m in graph}
+  circles, done = [], set()
+  for start in sorted(m for m in graph if m in reach[m]):
+    if start in done:
+      continue
+    group = {m for m in reach[start] if start in reach[m]}
+    done |= group
+    came_from, queue = {}, collections.deque([start])
+    while start not in graph[queue[0]]:  # breadth first: the first node that leads back
+      node = queue.popleft()
+      for child in sorted(graph[node] & group):
+        if child not in came_from and child != start:
+          came_from[child] = node
+          queue.append(child)
+    path = [queue[0]]
+    while path[-1] != start:
+      path.append(came_from[path[-1]])
+    circles.append(path[::-1] + [start])
+  return circles
+
+
+def test_circles_are_found_and_named():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+  assert _circles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+
+
+def test_no_import_circle():
+  """No module of attn/, kernels/, experiments/ or launch.py imports, through any chain of
+  imports (inside functions too), a module that imports it back."""
+  circles = [" -> ".join(c) for c in _circles(_import_graph())]
+  assert not circles, circles
 
 
 def test_no_inspection_module_trains():

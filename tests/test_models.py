@@ -192,7 +192,7 @@ def test_teacher_forcing_along_the_search_output_replays_its_attention(name, bea
   """The run viewer's raw scores come from teacher forcing along the decoded output: that must
   replay the steps the search took (same weights), and the scores must renormalize to them."""
   from attn import core
-  from attn.apps.translate.translation import TranslationTask
+  from attn.apps.translate.task import TranslationTask
   from attn.training.task import Search
   cfg = _cfg(**VARIANTS[name])
   model = build_model(cfg)

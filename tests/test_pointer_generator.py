@@ -8,7 +8,7 @@ import pytest
 
 from attn.models import build_model, copying
 from model_configs import model_config
-from attn.apps.summarize.summarization import SummarizationTask, repeated_ngram_rate
+from attn.apps.summarize.task import SummarizationTask, repeated_ngram_rate
 
 V = 11
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn.apps.recommend import interactions
+from attn.apps.recommend import data as interactions
 from attn.errors import ConfigError
 from attn.evaluation import ranking
-from attn.apps.recommend import recommenders
+from attn.apps.recommend import model as recommenders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = interactions.InteractionConfig(num_users=200, num_items=60, num_triggers=6, max_offset=5,
@@ -199,7 +199,7 @@ def test_a_diverging_run_is_stopped_by_the_loops_guard_and_keeps_nothing_after_i
 
 def test_ctrl_c_saves_the_step_and_the_rerun_ends_where_an_uninterrupted_run_does(
     tmp_path, monkeypatch):
-  from attn.apps.recommend import recommendation
+  from attn.apps.recommend import task as recommendation
   small = lambda: _tiny(steps=20, log_every=5, eval_every=10, checkpoint_every=10)
   twin = _train(small(), tmp_path / "twin")
   real = recommendation.RecommendTask.train_tokens
@@ -247,7 +247,7 @@ def test_bad_values_are_config_errors_naming_the_field(override, message):
   """What experiments.recommend checks before it touches the workdir (its validate_config calls
   this one; the module itself defines absl flags, so it is not imported here)."""
   from attn.launching import entry_points
-  from attn.apps.recommend import recommendation
+  from attn.apps.recommend import task as recommendation
   config = entry_points.build_config("experiments/configs/recommend.py:default",
                                      [override.split("=", 1)])
   with pytest.raises(ConfigError) as e:
@@ -256,7 +256,7 @@ def test_bad_values_are_config_errors_naming_the_field(override, message):
 
 
 def test_the_baselines_are_sized_to_the_attention_models_parameter_count():
-  from attn.apps.recommend import recommendation
+  from attn.apps.recommend import task as recommendation
   dc = interactions.InteractionConfig()
   counts = {}
   for kind in ("sasrec", "meanpool", "gru"):
@@ -270,7 +270,7 @@ def test_the_baselines_are_sized_to_the_attention_models_parameter_count():
 
 def test_the_report_refuses_a_run_without_results(tmp_path):
   from attn.errors import DataError
-  from attn.apps.recommend import recommend_report
+  from attn.apps.recommend import report as recommend_report
   with pytest.raises(DataError, match=f"{tmp_path}: no results.json of a recommend run"):
     recommend_report.load([str(tmp_path)])
   with pytest.raises(ConfigError, match="--workdirs: give at least one"):

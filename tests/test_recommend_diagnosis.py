@@ -18,8 +18,8 @@ from flax import nnx
 from attn import apps
 from attn.errors import ConfigError
 from attn.inspection import interventions
-from attn.apps.recommend import recommend_diagnosis as rd
-from attn.apps.recommend import recommenders
+from attn.apps.recommend import diagnosis as rd
+from attn.apps.recommend import model as recommenders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,11 +17,12 @@ import pytest
 from flax import nnx
 
 from attn.errors import ConfigError
-from attn.apps.retrieve import pools
-from attn.apps.retrieve import retrieve
-from attn.apps.retrieve import retrieve_task
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import evaluation
+from attn.apps.retrieve import sweep as retrieve
+from attn.apps.retrieve import task as retrieve_task
 from attn.data import stories
-from attn.apps.retrieve import retriever
+from attn.apps.retrieve import model as retriever
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = pools.PoolStoryConfig(max_sentences=6)
@@ -84,7 +85,7 @@ def trained(tmp_path_factory):
   model = loop.load_run(wd, task).model
   with open(os.path.join(wd, "metrics.jsonl")) as f:
     losses = np.array([r["loss"] for r in map(json.loads, f) if r["split"] == "train"])
-  return cfg, test_set, retrieve.run_model(model, test_set), (model, losses)
+  return cfg, test_set, evaluation.run_model(model, test_set), (model, losses)
 
 
 def test_a_tiny_run_retrieves_the_gold_story_and_answers_above_chance(trained):
@@ -115,7 +116,7 @@ def test_the_retrieval_scope_keeps_the_k_best_passages_and_p_z_lives_on_it(train
 def test_whole_pool_and_random_modes_read_what_they_say():
   a = pools.build(4, 3, seed=2, config=SMALL).arrays
   vocab = stories.Vocab.for_config(SMALL)
-  batch = retrieve.batch_arrays(a, np.arange(4))[:3]
+  batch = pools.batch_arrays(a, np.arange(4))[:3]
   cfg = retriever.RetrieverConfig(len(vocab), len(SMALL.places), SMALL.max_sentences, dim=8)
   flat = _apply(retriever.build(dataclasses.replace(cfg, mode="whole_pool")), *batch)
   assert flat.sentence_weights.shape == (4, 1, 2, 4 * SMALL.max_sentences)

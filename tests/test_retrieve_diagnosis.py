@@ -12,10 +12,10 @@ from flax import nnx
 
 from attn.errors import ConfigError
 from attn.inspection import interventions
-from attn.apps.retrieve import pools
-from attn.apps.retrieve import retrieve
-from attn.apps.retrieve import retrieve_diagnosis
-from attn.apps.retrieve import retriever
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import sweep as retrieve
+from attn.apps.retrieve import diagnosis as retrieve_diagnosis
+from attn.apps.retrieve import model as retriever
 
 SMALL = pools.PoolStoryConfig(max_sentences=6)
 
@@ -47,7 +47,7 @@ def test_identity_reproduces_the_runs_accuracy_and_zero_top_changes_answers(diag
 
 def test_the_retrieval_intervention_moves_p_z_inside_the_scope_only(diagnosed):
   model, test, _ = retrieve_diagnosis.load(diagnosed[0])
-  p, m, q, _, _ = retrieve.batch_arrays(test, np.arange(8))
+  p, m, q, _, _ = pools.batch_arrays(test, np.arange(8))
   key = jax.random.PRNGKey(0)
   real = retriever.apply(*nnx.split(model), p, m, q, key)
   graphdef, state = nnx.split(model)

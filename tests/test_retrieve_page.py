@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from attn.errors import ConfigError
-from attn.apps.focus import focus_server
-from attn.apps.retrieve import pools
-from attn.apps.retrieve import retrieve
-from attn.apps.retrieve import retrieve_server
+from attn.apps.focus import server as focus_server
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import sweep as retrieve
+from attn.apps.retrieve import server as retrieve_server
 from browser import browser, console_errors  # noqa: F401  pylint: disable=unused-import
 from test_focus_page import _settled
 

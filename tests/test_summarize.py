@@ -238,7 +238,7 @@ def test_reference_fields_listing_the_target_are_refused_and_the_subject_is_scor
 
 # ---------------------------------------------------------------------------------------------
 # Two protocols on an annotated split: the annotations (the AESLC paper's references) and the
-# sender's subject alone (PEGASUS's); attn.apps.summarize.summarization.summary_rouge
+# sender's subject alone (PEGASUS's); attn.apps.summarize.task.summary_rouge
 
 
 def _f1(p, r):
@@ -275,7 +275,7 @@ _HAND = {
 @pytest.mark.parametrize("name", sorted(_HAND))
 def test_annotations_and_subject_are_scored_apart(name):
   from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel
-  from attn.apps.summarize.summarization import summary_rouge  # pylint: disable=import-outside-toplevel
+  from attn.apps.summarize.task import summary_rouge  # pylint: disable=import-outside-toplevel
 
   hyps, subjects, anns, by_hand = _HAND[name]
   got = summary_rouge(hyps, subjects, anns)
@@ -298,7 +298,7 @@ def test_annotations_and_subject_are_scored_apart(name):
 
 @pytest.mark.parametrize("anns,annotated", [([[], []], 0), ([["the cat"], []], 1)])
 def test_a_split_without_annotations_keeps_the_subject_scoring(anns, annotated):
-  from attn.apps.summarize.summarization import summary_rouge  # pylint: disable=import-outside-toplevel
+  from attn.apps.summarize.task import summary_rouge  # pylint: disable=import-outside-toplevel
 
   hyps, subjects = ["the cat", "a dog ran"], ["the cat sat", "a dog"]
   got = summary_rouge(hyps, subjects, anns)
@@ -349,7 +349,7 @@ def _aeslc_test_config(directory, tmp_path):
 
 
 def test_aeslc_test_chooses_on_dev_and_scores_test_both_ways(tmp_path, monkeypatch):
-  from attn.apps.summarize import summarization  # pylint: disable=import-outside-toplevel
+  from attn.apps.summarize import task as summarization  # pylint: disable=import-outside-toplevel
 
   d = tmp_path / "aeslc"
   _aeslc_release(d)

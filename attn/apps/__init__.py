@@ -1,8 +1,9 @@
 """The applications, one package each (see docs/architectures.md, "Adding an application").
 
-Each package registers one `App` in `APPS` when imported; importing this package registers the
-built-in ones. A package's `__init__` imports nothing heavy: the task class is named as a string
-and imported when first used.
+Each package adds one `App` to `APPS` (attn.common.applications, the registry the shared layers
+read) when imported; importing this package registers the built-in ones, as the entry points
+(experiments/, launch.py) and the tests do. A package's `__init__` imports nothing heavy: the
+task class is named as a string and imported when first used.
 
 - `translate`: seq2seq translation (RNN and Transformer) on text corpora and the built-in tasks;
 - `summarize`: summarization (attention, pointer-generator, coverage; ROUGE);
@@ -12,8 +13,8 @@ and imported when first used.
 - `focus`: the reading-focus demo (readers with each normalizer, their page).
 """
 
-from attn.apps.registry import (APPS, App, app, app_of_records, app_of_results,
-                                app_of_workdir, not_a_run_of)
+from attn.common.applications import (APPS, App, app, app_of_records, app_of_results,
+                                      app_of_workdir, not_a_run_of)
 from attn.apps import translate, summarize, caption, recommend, retrieve, focus  # noqa: F401  (register)
 
 __all__ = ["APPS", "App", "app", "app_of_records", "app_of_results", "app_of_workdir",

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from attn.benchmarks import harness
-from attn.common import files
+from attn.common import applications, files
 from attn.config.configurable import option
 from attn.decoding.beam import STOP_RULES
 from attn.errors import ConfigError, DataError
@@ -78,9 +78,8 @@ class Settings:
 def decoding_applications() -> list[str]:
   """The registered applications whose task decodes (a `Seq2SeqTask`: it encodes a source and
   decodes a target), the runs bench_decode reads."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
   from attn.training.seq2seq_task import Seq2SeqTask  # pylint: disable=import-outside-toplevel
-  return [name for name, entry in apps.APPS.items()
+  return [name for name, entry in applications.registry().items()
           if entry.task is not None and issubclass(entry.task_class, Seq2SeqTask)]
 
 
@@ -89,7 +88,6 @@ def application(s: Settings) -> str:
   launch.json, its scores or its application's results file; translate when none says): a
   WorkdirError when it is no directory, a ConfigError when its task decodes nothing or it names
   no registered application. Nothing is loaded."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
   from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
   from attn.training import workdir  # pylint: disable=import-outside-toplevel
   if not os.path.isdir(s.workdir):
@@ -99,7 +97,7 @@ def application(s: Settings) -> str:
                                "results.json)")
   name = (workdir.recorded_application(s.workdir) or entry_points.experiment_of(s.workdir)
           or "translate")
-  apps.app(name)  # ConfigError listing the known applications if it is none of them
+  applications.app(name)  # ConfigError listing the known applications if it is none of them
   decoding = decoding_applications()
   if name not in decoding:
     raise ConfigError(f"{s.workdir} holds a {name} run, whose task decodes nothing: "

@@ -157,9 +157,8 @@ AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 def cpu_info(cpuinfo: str | None = None) -> dict:
   """{"model": the CPU's model name, "avx512_bf16": bool, "amx": bool}, read from /proc/cpuinfo
   (or from `cpuinfo`, that file's text). Whether the CPU has AVX512_BF16 and AMX decides what a
-  bfloat16 figure means (docs/results.md's sittings ran on an AVX512_BF16 EPYC, an AMX Xeon and an
-  AVX2 EPYC with no bfloat16 instructions, and the same commands gave other ratios on each). Where the text cannot be read (not Linux) each value is "unknown"; a model
-  line that is missing alone reads "unknown", its flags are still read."""
+  bfloat16 figure means. Where the text cannot be read (not Linux) each value is "unknown"; a
+  model line that is missing alone reads "unknown", its flags are still read."""
   if cpuinfo is None:
     try:
       with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -1,2 +1,3 @@
-"""What the application's packages share: atomic file writes (`files`), markdown tables (`tables`)
-and the cache of jitted functions (`jitting`). Each is the one implementation of its kind."""
+"""What the application's packages share: atomic file writes (`files`), markdown tables (`tables`),
+the cache of jitted functions (`jitting`) and the registry of applications (`applications`). Each
+is the one implementation of its kind."""

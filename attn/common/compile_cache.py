@@ -2,10 +2,9 @@
 saved.
 
 A run compiles its train step once per bucket shape and its decoders once per batch shape: on two
-CPU cores that is minutes before the first steady step (the RNN at JoeyNMT's sizes: 8 shapes in
-~110 s). Kept on disk, those programs load in a fraction of a second in every later process on the
-machine: a resumed run, the next point of a sweep with the same shapes, a rerun, the test suite's
-subprocesses.
+CPU cores that is minutes before the first steady step. Kept on disk, those programs load in a
+fraction of a second in every later process on the machine: a resumed run, the next point of a
+sweep with the same shapes, a rerun, the test suite's subprocesses.
 
     ATTN_COMPILE_CACHE=/path   the directory (default: $XDG_CACHE_HOME/attn/xla, ~/.cache/attn/xla)
     ATTN_COMPILE_CACHE=off     no persistent cache

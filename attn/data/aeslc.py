@@ -17,7 +17,7 @@ A record is {"email", "subject", "id"} (each section's lines joined by "\\n", st
 file name without .subject), plus "ann0", "ann1", "ann2" where the file has them, in file-name
 order. `write_jsonl` writes `<split>.jsonl.gz` per split (data.reference_fields=ann0,ann1,ann2
 scores dev/test against the annotations, and the sender's subject apart: the summarize preset
-aeslc_test, attn/apps/summarize/summarization.py).
+aeslc_test, attn/apps/summarize/task.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ An example goes to the fitting bucket of least width Ts + Tt.
 everything and adds, greedily, the candidate (multiples of `multiple`) that removes the most padding,
 then swaps shapes while that helps (local search). Because source and target widths are chosen
 together, a bucket of long sources keeps short targets short (summarization), and a few target
-outliers do not widen every bucket. On Multi30k de->en (word level) 8 buckets with widths in
-multiples of 4 pad ~14% of the token slots; see docs/data.md.
+outliers do not widen every bucket. How much each corpus pads: docs/data.md.
 """
 
 from __future__ import annotations
@@ -122,8 +121,8 @@ def pack_rows(src_len: np.ndarray, tgt_len: np.ndarray, widths: tuple[int, int],
   indices, each row's sources summing to at most Ts slots and its targets to at most Tt.
 
   The examples are shuffled, then packed a chunk at a time, longest (src + tgt) first, each into
-  the first row of the chunk with room on both sides (first-fit decreasing: on Multi30k
-  de->en, word level, 5% of the slots of (48, 48) rows stay empty, see `pack_widths`). Which
+  the first row of the chunk with room on both sides (first-fit decreasing; the row widths:
+  `pack_widths`). Which
   examples share a row changes every epoch with `rng`; every example is in exactly one row.
   """
   src_len, tgt_len = np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)
@@ -186,8 +185,7 @@ def pack_widths(src_len: np.ndarray, tgt_len: np.ndarray, widest: tuple[int, int
   """The (Ts, Tt) of packed rows: the widest bucket's, with the side that would fill first
   widened (to the nearest multiple of `multiple`) until the two sides' room is in proportion
   to the mean source and target lengths, so neither side's slots are left empty by rows the
-  other side has filled. Multi30k de->en (means 13.6, 14.1): (48, 44) -> (48, 48), 5% of the
-  slots empty instead of 9%."""
+  other side has filled (e.g. (48, 44) -> (48, 48) for mean lengths 13.6 and 14.1)."""
   ts, tt = widest
   ratio = float(np.mean(tgt_len)) / float(np.mean(src_len))  # target slots per source slot
   near = lambda x: max(multiple, int(round(x / multiple)) * multiple)

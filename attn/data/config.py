@@ -199,7 +199,7 @@ class DataConfig:
 
 
 def check_reference_fields(reference_fields: tuple[str, ...], target_field: str) -> None:
-  """The target field is scored on its own (rouge*_subject, attn.apps.summarize.summarization):
+  """The target field is scored on its own (rouge*_subject, attn.apps.summarize.task):
   listed among the reference fields it would also enter the figure against the annotations,
   mixing the two protocols (DataError)."""
   if target_field and target_field in reference_fields:

@@ -7,7 +7,7 @@ Scales: bleu, chrf and rouge are in [0, 100], as sacreBLEU and papers report the
 `references` is one entry per hypothesis: a string, or a list of alternative reference strings
 (multi-reference; the lists may differ in length). Text metrics are corpus level.
 
-sacrebleu and rouge-score are imported inside the functions: they take ~1.4 s to import (nltk)
+sacrebleu and rouge-score are imported inside the functions: they are slow to import (nltk)
 and are not installed on the GPU machine, where `attn` must still import.
 
 Alignment arrays: pred_weights and gold are [B, Tt, Ts], row i of example b being target token i.

@@ -34,7 +34,7 @@ import zipfile
 
 import numpy as np
 
-from attn.common import files
+from attn.common import applications, files
 from attn.config.configurable import option
 from attn.errors import ConfigError, DataError
 from attn.inspection import outputs
@@ -66,9 +66,8 @@ class ViewerSettings:
 def _missing(workdir, name):
   """The error for a run without `name`: rerun the experiment that trained it (its records say
   which) to finish it."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
   from attn.launching import entry_points  # pylint: disable=import-outside-toplevel
-  other = apps.not_a_run_of(workdir, "the run viewer")
+  other = applications.not_a_run_of(workdir, "the run viewer")
   if other:
     return DataError(other)
   experiment = entry_points.experiment_of(workdir)

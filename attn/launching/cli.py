@@ -171,8 +171,8 @@ def exit_now(status: int):
   """Ends the process with `status` without the interpreter's teardown. After Ctrl-C the run has
   saved what it keeps and closed its checkpointer, but native threads (XLA's compiler and
   dispatch pools, tensorstore's, grain's readers) may still be running: tearing Python down under
-  them was seen to end a Ctrl-C'd run killed by the signal (status -2) instead of exiting 130,
-  and, once, in a segmentation fault (139). Log handlers and the standard streams are flushed
+  them can end a Ctrl-C'd run killed by the signal (status -2) instead of exiting 130, or in a
+  segmentation fault (139). Log handlers and the standard streams are flushed
   first, so every line printed before still arrives."""
   logging.shutdown()
   for stream in (sys.stdout, sys.stderr):

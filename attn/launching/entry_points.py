@@ -14,21 +14,17 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
+from attn.common import applications
 from attn.errors import AttnError, ConfigError
 from attn.launching import cli, launchers
 
 
 class _Launchable:
-  """The registered applications launch.py runs (attn.apps.APPS entries with `launchable`), as
-  a read-only registry: names(), items(), get(name), `name in`."""
-
-  @staticmethod
-  def _apps():
-    from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
-    return apps.APPS
+  """The registered applications launch.py runs (attn.common.applications.APPS entries with
+  `launchable`), as a read-only registry: names(), items(), get(name), `name in`."""
 
   def items(self):
-    return [(n, a) for n, a in self._apps().items() if a.launchable]
+    return [(n, a) for n, a in applications.registry().items() if a.launchable]
 
   def names(self) -> list[str]:
     return [n for n, _ in self.items()]
@@ -44,13 +40,13 @@ EXPERIMENTS = _Launchable()
 
 
 def experiment(name: str):
-  """The launchable application `name` (an attn.apps.App: `module`, `doc`, and its task's
+  """The launchable application `name` (an attn.common.applications.App: `module`, `doc`, and its task's
   `metrics`, `scores`, `figures`, `nested`, `known_metrics`); a ConfigError (one line) listing
   the known ones if none."""
   if name not in EXPERIMENTS:
     raise ConfigError(f"--experiment={name}: not an experiment launch.py runs; known: "
                       f"{', '.join(EXPERIMENTS.names())}")
-  return _Launchable._apps().get(name)
+  return applications.app(name)
 
 
 def _not_a_metric(exp: Experiment, name: str) -> bool:
@@ -86,8 +82,7 @@ def experiment_of(workdir) -> str | None:
   rec, _ = launchers.read_record(os.path.join(workdir, launchers.RECORD))
   if rec and rec.get("experiment") in EXPERIMENTS:
     return rec["experiment"]
-  from attn import apps  # pylint: disable=import-outside-toplevel
-  return apps.app_of_records(workdir)
+  return applications.app_of_records(workdir)
 
 
 def finished_experiment(workdir, allowed: tuple[str, ...]) -> str:

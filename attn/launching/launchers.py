@@ -6,7 +6,7 @@ them to the launcher named by --launcher; the launcher writes each run's record,
 before the run starts, and the run's exit status into it when the run ends.
 
   local   each run is a subprocess `python -m experiments.<exp> ...`, --parallel at a time (default
-          1). With one at a time the run prints to the terminal, as it always did; with more, each
+          1). With one at a time the run prints to the terminal; with more, each
           run's stdout and stderr are appended to <run dir>/launch.log (so runs do not interleave)
           and launch prints one line when a run starts and one when it ends, plus the log's last
           lines when it fails.
@@ -17,10 +17,8 @@ before the run starts, and the run's exit status into it when the run ends.
           recorded in that run directory and records its exit status, exactly as the local launcher
           does, so `launch.py ... --collect` can tell finished, failed and pending runs apart.
 
-Why an sbatch job array and not submitit: submitit is maintained (Facebook Research; `pip index
-versions submitit` lists 26 versions up to 1.5.4, and the wheels are dated 1.5.0 2023-10, 1.5.3
-2025-05, 1.5.4 2025-12) and good at what it is for: submitting Python callables, pickled with
-cloudpickle, and returning their pickled results. Our runs are command lines that already resume
+Why an sbatch job array and not submitit: submitit submits Python callables, pickled with
+cloudpickle, and returns their pickled results. Our runs are command lines that already resume
 from their own checkpoints and leave their results in results.json, so that layer buys nothing
 here; it would add two dependencies (submitit, cloudpickle) and a pickle that must load under the
 same code on the node. The array script needs nothing beyond Slurm's sbatch interface, whose

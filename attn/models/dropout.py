@@ -12,10 +12,9 @@ def dropout(x, rate, key):
   `key`: one native op per mask instead of `jax.random.bernoulli`'s threefry, which XLA:CPU
   runs as ~20 rounds of elementwise uint32 work per element (the Transformer has 2 + 3 per
   layer masks of [B, T, d] a step; the RNN draws masks of [B, E] at every decoder step).
-  XLA's Philox ran ~3x slower than its threefry on the 2-core EPYC (17 masks of
-  [128, 20, 256]: ~120 against ~42 ms), and uint8 bits saved a fifth at the price of a keep
-  probability rounded to 1/256. Keep probability 1 - rate up to 2^-32, the same scaling
-  1 / (1 - rate); another draw than bernoulli's for the same key.
+  The bits are uint32 (uint8 would round the keep probability to 1/256). Keep probability
+  1 - rate up to 2^-32, the same scaling 1 / (1 - rate); another draw than bernoulli's for the
+  same key.
 
   x: any shape; rate: a Python float in [0, 1); key: a PRNG key or None."""
   if key is None or rate == 0.0:

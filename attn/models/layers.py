@@ -11,8 +11,8 @@ loss — stays float32.
 
 With compute dtype float32 the layers go through `attn.precision.matmul` too: the same product
 forward, and a backward that reads the transposed input saved in the forward pass instead of
-XLA re-deriving it (inside the recurrent scans, from the loop's stacked residuals). The RNN's
-float32 step ran ~8% faster that way than with flax's own `dot_general` (docs/journal/speed.md).
+XLA re-deriving it (inside the recurrent scans, from the loop's stacked residuals); the timings
+are in docs/journal/speed.md.
 """
 
 from __future__ import annotations

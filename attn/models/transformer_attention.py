@@ -61,9 +61,7 @@ def dense(x, w, compute_dtype):
   float32 goes through `precision.matmul` too, whose backward reads x^T saved by the forward
   pass: autodiff of the plain einsum leaves XLA:CPU (jax 0.10.2) to form the weight gradients'
   transposed operands from the dropout and LayerNorm around them, fused into strided
-  transposing copies. The multi30k_transformer float32 train step ran 1.17x faster with it
-  (interleaved with the einsum, both with the same dropout, 2026-12-02, load ~6-8 on 2
-  cores); the products are the same, only their summation order may differ."""
+  transposing copies. The products are the same; only their summation order may differ."""
   return precision.matmul(x, w, precision.compute_dtype(compute_dtype))
 
 

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from attn.common import files
+from attn.common import applications, files
 from attn.common.tables import format_cell, markdown_table
 
 log = logging.getLogger(__name__)
@@ -20,11 +20,10 @@ COLUMNS = ("decoder", "score", "normalizer", "params", "tokens_per_sec", "wall_s
 
 def _task_of(named):
   """The task class of the first result a registered application's task claims, or None."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
   for _, res in named:
-    name = apps.app_of_results(res) if res is not None else None
+    name = applications.app_of_results(res) if res is not None else None
     if name is not None:
-      return apps.app(name).task_class
+      return applications.app(name).task_class
   return None
 
 

@@ -1,6 +1,6 @@
 """The task interface of the training loop: what every application's run needs.
 
-A task is what an application (attn.apps) gives the loop: its config sections, its train section
+A task is what an application (attn/apps/<name>/) gives the loop: its config sections, its train section
 and optimizer, its data and the batches the loop trains on, its model and loss, its evaluation
 (and how it chooses the best checkpoint) and its result files. The loop (attn.training.loop),
 the results table and launch.py reach a task only through the members of `Task`, so they name no
@@ -8,9 +8,9 @@ application. Sequence-to-sequence tasks, which also decode and score text, exten
 attn.training.seq2seq_task. `get_task(name)` finds the task of a registered application.
 
 The contract, in one place: what a task must supply is abstract here (the methods) or listed in
-`REQUIRED` (the class attributes); everything else has a shared default. `check_task_class`
-refuses a class that leaves any of it out, in one line naming what is missing: the application
-registry calls it when an application is registered with its task class, and when a task named
+`REQUIRED` (the class attributes); everything else has a shared default. The application
+registry (attn.common.applications) refuses a class that leaves any of it out
+(`Task.missing_members`), in one line naming what is missing, when an application is registered with its task class, and when a task named
 as "package.module:Class" is first imported.
 
 What the loop reads of the objects a task returns: the data section (`data_config`) has
@@ -28,6 +28,7 @@ import abc
 import dataclasses
 
 from attn.config import configurable
+from attn.common import applications
 from attn.errors import ConfigError
 
 from attn.decoding import Search  # noqa: F401  (re-exported: the settings `decode` takes)
@@ -188,6 +189,28 @@ class Task(abc.ABC):
     """The eval metrics (higher is better) that pick the best checkpoint, compared in order: the
     later ones break ties of the earlier."""
 
+  @classmethod
+  def missing_members(cls, *, launchable: bool = True) -> list[str]:
+    """The members of the contract this class leaves out: its abstract methods, the class
+    attributes of `REQUIRED` (and for an application launch.py runs, `REQUIRED_LAUNCHABLE`)
+    left empty, and the `sections` it does not declare as dataclasses (the data section with a
+    `batch_size`). The application registry (attn.common.applications) asks the class itself,
+    so it never imports this layer."""
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    missing += [a for a in REQUIRED + (REQUIRED_LAUNCHABLE if launchable else ())
+                if not getattr(cls, a, None)]
+    sections = cls.sections or {}
+    if sections:
+      missing += [f"sections[{s!r}]" for s in SECTIONS
+                  if not (isinstance(sections.get(s), type)
+                          and dataclasses.is_dataclass(sections.get(s)))]
+      data = sections.get("data")
+      if (isinstance(data, type) and dataclasses.is_dataclass(data)
+          and "batch_size" not in {f.name for f in dataclasses.fields(data)}
+          and not hasattr(data, "batch_size")):
+        missing.append("sections['data'].batch_size")
+    return missing
+
 
 def missing_members(cls, *, launchable: bool = True) -> list[str]:
   """The members of the Task contract that task class `cls` leaves out (see the module
@@ -196,31 +219,7 @@ def missing_members(cls, *, launchable: bool = True) -> list[str]:
   dataclasses (the data section with a `batch_size`)."""
   if not (isinstance(cls, type) and issubclass(cls, Task)):
     return ["attn.training.Task as its base class"]
-  missing = sorted(getattr(cls, "__abstractmethods__", ()))
-  missing += [a for a in REQUIRED + (REQUIRED_LAUNCHABLE if launchable else ())
-              if not getattr(cls, a, None)]
-  sections = getattr(cls, "sections", None) or {}
-  if sections:
-    missing += [f"sections[{s!r}]" for s in SECTIONS
-                if not (isinstance(sections.get(s), type)
-                        and dataclasses.is_dataclass(sections.get(s)))]
-    data = sections.get("data")
-    if (isinstance(data, type) and dataclasses.is_dataclass(data)
-        and "batch_size" not in {f.name for f in dataclasses.fields(data)}
-        and not hasattr(data, "batch_size")):
-      missing.append("sections['data'].batch_size")
-  return missing
-
-
-def check_task_class(cls, application: str, *, launchable: bool = True) -> type:
-  """`cls` when it fulfils the Task contract; else a TypeError, one line naming the task, its
-  `application` (e.g. its entry point) and every member it is missing. Called by the
-  application registry (attn.apps.registry)."""
-  missing = missing_members(cls, launchable=launchable)
-  if missing:
-    raise TypeError(f"the task {getattr(cls, '__qualname__', cls)} of {application} lacks "
-                    f"{', '.join(missing)} (the Task contract: attn/training/task.py)")
-  return cls
+  return cls.missing_members(launchable=launchable)
 
 
 def check_section_names(task: Task, config) -> None:
@@ -251,17 +250,15 @@ def refuse_changed_data(recorded: dict, dc, *, free=("batch_size",)) -> None:
 
 
 def get_task(name: str) -> Task:
-  """A fresh instance of the task of registered application `name` (attn.apps.APPS);
-  ConfigError listing the known ones if none."""
-  from attn import apps  # pylint: disable=import-outside-toplevel  (registers the built-in ones)
-  return apps.app(name).task_class()
+  """A fresh instance of the task of registered application `name`
+  (attn.common.applications.APPS); ConfigError listing the known ones if none."""
+  return applications.app(name).task_class()
 
 
 def application_of(task: Task) -> str:
-  """The name of the registered application whose task `task` is (attn.apps.APPS); for a task
-  no application registers, its class name."""
-  from attn import apps  # pylint: disable=import-outside-toplevel
-  for name, entry in apps.APPS.items():
+  """The name of the registered application whose task `task` is
+  (attn.common.applications.APPS); for a task no application registers, its class name."""
+  for name, entry in applications.registry().items():
     if entry.task is not None and entry.task_class is type(task):
       return name
   return type(task).__name__

@@ -9,7 +9,7 @@ to the model its checkpoints hold.
   got it, so a busy workdir stops every process. (One lock per process would not work: on one
   machine the second process of the same run would find the first one's lock; on a shared
   filesystem across hosts flock may not reach the other hosts at all.)
-- `claim(workdir, application)`: a workdir holds the runs of one application (attn.apps), named
+- `claim(workdir, application)`: a workdir holds the runs of one application (attn/apps/<name>/), named
   in `application.json` before anything else is written; any entry point given the workdir of
   another application refuses it before writing anything (it would overwrite that run's
   model.json, or fail later on its checkpoints).
@@ -26,6 +26,7 @@ import errno
 import fcntl
 import os
 
+from attn.common import applications
 from attn.errors import AttnError
 from attn.models.config import migrate_model_section
 from attn.common.files import read_json, write_json
@@ -59,13 +60,12 @@ def prepare(workdir: str) -> str:
 
 def recorded_application(workdir: str) -> str | None:
   """The application whose run `workdir` holds: its application.json, else (a run written before
-  that record) the one its finished results name (attn.apps: results.json's or metrics.jsonl's
-  scores, or an application's own results file); None for a new workdir."""
+  that record) the one its finished results name (attn.common.applications: results.json's or
+  metrics.jsonl's scores, or an application's own results file); None for a new workdir."""
   record = read_json(os.path.join(workdir, APPLICATION_RECORD))
   if record and record.get("application"):
     return record["application"]
-  from attn import apps  # pylint: disable=import-outside-toplevel
-  return apps.app_of_records(workdir) or apps.app_of_workdir(workdir)
+  return applications.app_of_records(workdir) or applications.app_of_workdir(workdir)
 
 
 def claim(workdir: str, application: str) -> None:

@@ -10,7 +10,7 @@ r"""Config for experiments/caption.py: show, attend and tell in miniature (digit
 Presets (the text after the colon): default (a strip of 6 cells, 1-4 digits, distractors in
 half of the other cells; ~2,000 steps, a few minutes on 2 CPU cores), tiny (for tests: 3 cells of 12px, 1-2 digits, one font, no distractors,
 small model and images, a few steps). Every field can be overridden on the command line; the data fields
-and their defaults live in attn.apps.caption.captions.CaptionDataConfig, the model's in
+and their defaults live in attn.apps.caption.data.CaptionDataConfig, the model's in
 attn.models.ModelConfig (model.rnn.*: decoder, score, normalizer, sizes), the training's in
 attn.training.TrainConfig; a preset only overrides them.
 """
@@ -18,7 +18,7 @@ attn.training.TrainConfig; a preset only overrides them.
 import ml_collections
 
 from attn.config import configurable
-from attn.apps.caption.captions import CaptionDataConfig
+from attn.apps.caption.data import CaptionDataConfig
 from attn.errors import ConfigError
 from attn.models.config import ModelConfig
 from attn.training.config import TrainConfig

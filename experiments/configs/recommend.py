@@ -1,5 +1,5 @@
 r"""Config for experiments/recommend.py: next-item recommendation on a generated interaction log
-with planted trigger -> target pairs (attn.apps.recommend.interactions).
+with planted trigger -> target pairs (attn.apps.recommend.data).
 
     python -m experiments.recommend --config=experiments/configs/recommend.py:default \
         --config.model.kind=gru --workdir=workdirs/rec_gru
@@ -10,12 +10,13 @@ items), tiny (a few seconds, for tests). model.kind picks the model: sasrec
 (causal self-attention), meanpool, gru; the baselines' feed-forward width is chosen so their
 parameter count matches sasrec's (model.match_params). Every field can be overridden on the
 command line (`--config.train.steps=100`); typos fail with a suggestion. Defaults live in the
-dataclasses (attn.apps.recommend.interactions.InteractionConfig, attn.apps.recommend.recommenders.RecommenderConfig,
-attn.apps.recommend.recommendation.RecTrainConfig); a preset only overrides them.
+dataclasses (attn.apps.recommend.data.InteractionConfig,
+attn.apps.recommend.model.RecommenderConfig, attn.apps.recommend.task.RecTrainConfig); a preset
+only overrides them.
 """
 
 from attn.errors import ConfigError
-from attn.apps.recommend.recommendation import default_config
+from attn.apps.recommend.task import default_config
 
 _PRESETS = {
     "default": {},

@@ -7,7 +7,7 @@ r"""Config for experiments/summarize.py: seq2seq summarization, the pointer-gene
 Presets (the text after the colon): aeslc (default; ../shared/data/aeslc, email -> subject, the
 dev split serves as eval and test), aeslc_test (the published test split: trained on train, the
 checkpoint chosen on dev, test scored against its three annotations and against the sender's
-subject, attn.apps.summarize.summarization; needs the files `python -m experiments.get_data aeslc
+subject, attn.apps.summarize.task; needs the files `python -m experiments.get_data aeslc
 --dir=data` writes, then --config.data.dir=data/aeslc), cnn_dailymail, xsum, gigaword, aeslc_tfds
 (named TFDS datasets, prepared as array_record in data.tfds_data_dir), smoke (tiny, for tests).
 

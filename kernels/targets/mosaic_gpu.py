@@ -39,7 +39,7 @@ def _triton_tiles(fallback):
 
 
 def _dot_forward(q, k, v, theta, kl, ql, cfg, *, fallback, schedule):
-  """The Mosaic GPU forward of the dot-product kernel (imported when traced: ~0.4 s)."""
+  """The Mosaic GPU forward of the dot-product kernel (imported when first traced)."""
   from kernels import flash_attention_mgpu  # pylint: disable=import-outside-toplevel
   return flash_attention_mgpu.forward(q, k, v, theta, kl, ql, cfg, schedule=schedule,
                                       fallback=_triton_tiles(fallback))

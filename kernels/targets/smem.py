@@ -12,11 +12,11 @@ registers). Both kernels are counted alike (the additive kernel's d is d_attn). 
 been compared with Triton's own on a GPU.
 
 The budget: the shared memory one thread block may use (CUDA's opt-in maximum per block), by GPU
-class. The environment variable ATTN_TRITON_SMEM chooses it: a class name ("hopper", "ampere",
-"sm86"; also "h100", "h200", "a100") or a number of bytes. Unset, the class of this host's GPU
-(by compute capability), and "hopper" on a host without one (a `jax.export` for CUDA from a CPU
-host) or with a GPU outside the table. It is read when a call is traced: set it before the first
-call.
+class (`BUDGETS`: kernels._common.SMEM_BUDGETS). The environment variable ATTN_TRITON_SMEM
+chooses it: a class name ("hopper", "ampere", "sm86"; also "h100", "h200", "a100") or a number
+of bytes. Unset, the class of this host's GPU (by compute capability), and "hopper" on a host
+without one (a `jax.export` for CUDA from a CPU host) or with a GPU outside the table. It is read
+when a call is traced: set it before the first call.
 """
 
 from __future__ import annotations
@@ -27,16 +27,10 @@ import os
 import jax
 import jax.numpy as jnp
 
-from kernels._common import MIN_BLOCK, BlockSizes, next_pow2
+from kernels._common import MIN_BLOCK, SMEM_BUDGETS as BUDGETS, BlockSizes, next_pow2
 
 ENV = "ATTN_TRITON_SMEM"
 DEFAULT = "hopper"
-# class -> (bytes per thread block, the compute capabilities of the class).
-BUDGETS = {
-    "hopper": (232_448, ("9.0",)),  # 227 KiB: H100, H200
-    "ampere": (166_912, ("8.0", "8.7")),  # 163 KiB: A100, A30 (sm80), Jetson Orin (sm87)
-    "sm86": (101_376, ("8.6", "8.9")),  # 99 KiB: A10, A40, RTX 30xx (sm86); L4, L40 (sm89)
-}
 ALIASES = {"h100": "hopper", "h200": "hopper", "a100": "ampere"}
 LAUNCHES = ("fwd", "dq", "dkdv")  # the forward, dq and dk/dv launches of either kernel
 

@@ -2,8 +2,8 @@
 
 Nothing is downloaded: the glyphs come from the TrueType files in matplotlib's mpl-data (DejaVu
 Sans/Serif/Mono, STIX), drawn with FreeType (matplotlib.ft2font) at one size, cropped, and kept
-as a bank `[F, C, G, G]` of canonical bitmaps in [0, 1] (cached per process: building it takes
-~0.3 s, every image afterwards is numpy indexing). A cell is a glyph of the bank drawn through a
+as a bank `[F, C, G, G]` of canonical bitmaps in [0, 1] (built once per process; every image
+afterwards is numpy indexing). A cell is a glyph of the bank drawn through a
 random similarity transform (scale, small rotation, shift) with a random stroke intensity and
 pixel noise; a blank cell is noise alone.
 

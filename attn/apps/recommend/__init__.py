@@ -1,9 +1,9 @@
 """Next-item recommendation on a generated interaction log with planted triggers: SASRec-style
 self-attention against mean-pooling and a GRU. Entry point: experiments/recommend.py."""
 
-from attn.apps.registry import APPS, App
+from attn.common.applications import APPS, App
 
 APPS.add("recommend", App("experiments.recommend",
                           "next-item recommendation: self-attention, mean-pooling, GRU",
-                          task="attn.apps.recommend.recommendation:RecommendTask",
-                          diagnose="attn.apps.recommend.recommend_diagnosis:diagnose_workdir"))
+                          task="attn.apps.recommend.task:RecommendTask",
+                          diagnose="attn.apps.recommend.diagnosis:diagnose_workdir"))

@@ -11,7 +11,7 @@ the retrieved passages (Lewis et al. 2020, "RAG", eq. for RAG-Sequence):
 
 The retriever learns end to end through p(z|q) over the retrieved set (the passage whose reading
 answers well gains weight) and, with `retrieval_loss`, from the gold passage (see
-attn.apps.retrieve.retrieve). How passages are chosen is a registered `RETRIEVAL` mode: `retrieve`
+attn.apps.retrieve.sweep). How passages are chosen is a registered `RETRIEVAL` mode: `retrieve`
 (the learned scores), `random` (k passages at random, uniform p(z|q): what retrieval buys over
 reading k passages) and `whole_pool` (no retrieval: one reading over every sentence of the pool).
 

@@ -2,13 +2,13 @@
 stories (attn.data.stories), one per normalizer; measure where they look and what they
 answer at several inference temperatures; save them.
 
-    results = focus.train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
+    results = train_and_evaluate(FocusConfig(), "workdirs/focus")   # focus.json, focus.md
 
 Each reader trains through the one training loop (attn.training.loop; the task is
-attn.apps.focus.focus_task.FocusTask) in its own run, <workdir>/runs/<normalizer>/: it gets the
+attn.apps.focus.task.FocusTask) in its own run, <workdir>/runs/<normalizer>/: it gets the
 divergence guard, the Ctrl-C save, the workdir lock and the device mesh, and rerunning the same
 command resumes an interrupted demo from its last checkpoint (finished readers are not trained
-again). The page and its API are attn.apps.focus.focus_server.
+again). The page and its API are attn.apps.focus.server.
 
 Metrics on the held-out test set, per normalizer and temperature T:
 - evidence hit rate: argmax of the attention weights == the gold final supporting fact (for
@@ -27,7 +27,7 @@ import shutil
 
 import numpy as np
 
-from attn.apps.focus import focus_task
+from attn.apps.focus import task as focus_task
 from attn.common import files
 from attn.common.tables import markdown_table
 from attn.config import configurable
@@ -105,7 +105,7 @@ def data_config(cfg: FocusConfig) -> focus_task.FocusDataConfig:
 
 def run_config(cfg: FocusConfig, normalizer: str):
   """The training loop's config (an ml_collections ConfigDict: data, model and train sections,
-  attn.apps.focus.focus_task) of the run that trains the reader of `normalizer`."""
+  attn.apps.focus.task) of the run that trains the reader of `normalizer`."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   config = ml_collections.ConfigDict()
   config.data = configurable.config_dict(focus_task.FocusDataConfig,

@@ -1,9 +1,9 @@
-"""The registry of applications: one entry per application package under attn/apps/.
+"""The registry of applications, `APPS`: one `App` entry per application.
 
-An application is a folder (`attn/apps/<name>/`) holding its data source, model wiring, task,
-metrics, diagnosis hooks and defaults, and one `App` entry that names its task and its entry
-point. The shared layers (training loop, decoding, inspection, launching) find an application
-only through this registry: they never name one.
+An application is a folder (`attn/apps/<name>/`) holding its task, model, data, diagnosis hooks
+and defaults; its package's `__init__` adds its `App` here. The registry sits below the shared
+layers (training loop, inspection, launching), which read it and never name an application; what
+sits above them (`attn.apps`, imported by the entry points and the tests) fills it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class App:
   doc: one line for listings.
   task: its task class (an `attn.training.Task` subclass), or "package.module:Class" to import
     it when first asked for, so that listing applications imports no model code. Either way the
-    class is checked against the Task contract (attn.training.task.check_task_class: one
+    class is checked against the Task contract (attn.training.Task.missing_members: one
     TypeError line naming what it lacks) when the entry is made, or when the string is first
     resolved.
   launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
@@ -87,9 +87,16 @@ class App:
 
 
 def _check_task(entry: App) -> type:
-  """The entry's task class, checked against the Task contract."""
-  from attn.training.task import check_task_class  # pylint: disable=import-outside-toplevel
-  return check_task_class(_resolve(entry.task), entry.module, launchable=entry.launchable)
+  """The entry's task class when it fulfils the Task contract; else a TypeError, one line naming
+  the task, the application's entry point and every member it is missing. The class says what
+  it lacks (`attn.training.Task.missing_members`), so this layer imports no task code."""
+  cls = _resolve(entry.task)
+  gaps = getattr(cls, "missing_members", None) if isinstance(cls, type) else None
+  missing = gaps(launchable=entry.launchable) if gaps else ["attn.training.Task as its base class"]
+  if missing:
+    raise TypeError(f"the task {getattr(cls, '__qualname__', cls)} of {entry.module} lacks "
+                    f"{', '.join(missing)} (the Task contract: attn/training/task.py)")
+  return cls
 
 
 def _resolve(ref):
@@ -98,6 +105,23 @@ def _resolve(ref):
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
   return ref
+
+
+APPS: Registry[App] = Registry("application", error=ConfigError)
+
+
+def registry() -> Registry[App]:
+  """`APPS`, once an application is registered in it; a RuntimeError while it is empty (nothing
+  imported `attn.apps`, which registers the built-in applications)."""
+  if not APPS.names():
+    raise RuntimeError("no application is registered: import attn.apps first (the entry points "
+                       "and the tests do), or add one to attn.common.applications.APPS")
+  return APPS
+
+
+def app(name: str) -> App:
+  """The registered application `name`; ConfigError listing the known ones if none."""
+  return registry().get(name)
 
 
 def _recorded_scores(workdir: str):
@@ -123,6 +147,7 @@ def _recorded_scores(workdir: str):
 def app_of_records(workdir: str) -> str | None:
   """The launchable application whose scores the run in `workdir` recorded (results.json, else
   metrics.jsonl's first evaluation), or None."""
+  registry()  # an empty registry is an error, not "no application"
   for scores in _recorded_scores(workdir):
     name = app_of_results(scores)
     if name is not None:
@@ -133,7 +158,7 @@ def app_of_records(workdir: str) -> str | None:
 def app_of_workdir(workdir: str) -> str | None:
   """The application launch.py does not start whose finished run `workdir` holds (its
   `results_file`), or None."""
-  for name, entry in APPS.items():
+  for name, entry in registry().items():
     if not entry.launchable and os.path.exists(os.path.join(workdir, entry.results_file)):
       return name
   return None
@@ -145,25 +170,17 @@ def not_a_run_of(workdir: str, tool: str) -> str | None:
   name = app_of_workdir(workdir)
   if name is None:
     return None
-  entry = APPS.get(name)
+  entry = app(name)
   return (f"{workdir} holds a {name} run ({entry.results_file}: {entry.doc}), which {tool} does "
           f"not read; it reads the runs launch.py starts "
-          f"({', '.join(n for n, a in APPS.items() if a.launchable)}). The {name} run's own "
+          f"({', '.join(n for n, a in registry().items() if a.launchable)}). The {name} run's own "
           f"tools: python -m {entry.module} --help")
-
-
-APPS: Registry[App] = Registry("application", error=ConfigError)
-
-
-def app(name: str) -> App:
-  """The registered application `name`; ConfigError listing the known ones if none."""
-  return APPS.get(name)
 
 
 def app_of_results(fields) -> str | None:
   """The launchable application whose first score is among `fields` (a results.json's or an
   evaluation's keys), or None: each task's first score is its own."""
-  for name, entry in APPS.items():
+  for name, entry in registry().items():
     if entry.launchable and entry.scores and entry.scores[0] in fields:
       return name
   return None

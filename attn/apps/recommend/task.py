@@ -1,5 +1,5 @@
-"""Next-item recommendation: a recommender (attn.apps.recommend.recommenders) trained on the
-generated interaction log (attn.apps.recommend.interactions) through the one training loop
+"""Next-item recommendation: a recommender (attn.apps.recommend.model) trained on the
+generated interaction log (attn.apps.recommend.data) through the one training loop
 (attn.training.loop, `task="recommend"`), which ranks the held-out items and writes the run's
 files. `RecommendTask` is what the loop needs to know: the train section (RecTrainConfig), the
 optimizer, the batches of histories, the model and its loss, the valid split's ranking (best/ by
@@ -27,10 +27,10 @@ from flax import nnx
 
 from attn.config import configurable
 from attn.config.configurable import option
-from attn.apps.recommend import interactions
+from attn.apps.recommend import data as interactions
 from attn.errors import ConfigError
-from attn.apps.recommend import recommenders
-from attn.apps.recommend import recommendation_eval as rec_eval
+from attn.apps.recommend import model as recommenders
+from attn.apps.recommend import evaluation
 from attn.training.config import LoopConfig
 from attn.training.task import RUN_FIGURES, Task, refuse_changed_data
 
@@ -155,18 +155,18 @@ class RecommendTask(Task):
 
   def evaluate(self, run, role: str = "eval") -> dict:
     """hr10 and ndcg10 of ranking the held-out items of `role` ("eval": the valid split)."""
-    ev = rec_eval.rank_split(run.graphdef, run.state, run.bundle.splits[
+    ev = evaluation.rank_split(run.graphdef, run.state, run.bundle.splits[
         "valid" if role == "eval" else role])
     return {"hr10": float(ev["hr10"]), "ndcg10": float(ev["ndcg10"])}
 
   def write_results(self, run, ckpt) -> dict:
     """Ranks the test split with the best checkpoint; writes attention.npz and results.json
-    (recommendation_eval.write_results). The step and training time are the whole run's."""
+    (evaluation.write_results). The step and training time are the whole run's."""
     trained = {"params": recommenders.count_params(run.model), "step": run.progress.step,
                "wall_s": run.progress.wall_s}
     if ckpt.best.latest_step() is not None:  # (an evaluation at the last step always saves one)
       ckpt.restore(ckpt.best, run)
-    return rec_eval.write_results(run, run.bundle.splits, trained)
+    return evaluation.write_results(run, run.bundle.splits, trained)
 
 
 def default_config(**sections):

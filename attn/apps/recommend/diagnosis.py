@@ -1,5 +1,5 @@
 r"""Can a next-item recommender's attention be read as an explanation? The diagnosis of a
-finished recommend run (experiments/recommend.py, attn.apps.recommend.recommendation), asking the
+finished recommend run (experiments/recommend.py, attn.apps.recommend.task), asking the
 seq2seq diagnosis's two questions (attn.inspection.diagnosis) of the prediction at each test
 user's final position:
 
@@ -16,7 +16,7 @@ user's final position:
   and top-1 flips (measures.output_divergences), the held-out item's score and rank, HR@10 and
   NDCG@10 with the replaced weights.
 
-    diag = recommend_diagnosis.diagnose(recommend_diagnosis.load_run(workdir))
+    diag = diagnose(load_run(workdir))
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ PLOTS = ("diagnose_tau.png", "diagnose_counterfactual.png")
 def check_model(workdir: str, record: dict) -> None:
   """DiagnosisError (one line) for a run whose model forms no attention; record: results.json's
   `model_config` (checked before anything is loaded)."""
-  from attn.apps.recommend import recommenders  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import model as recommenders  # pylint: disable=import-outside-toplevel
   kind = record.get("kind", "?")
   if kind not in recommenders.RECOMMENDERS or not recommenders.RECOMMENDERS.get(kind).has_attention:
     raise DiagnosisError(
@@ -61,7 +61,7 @@ def load_run(workdir: str):
   finished recommend run; WorkdirError / DiagnosisError (one line) for a run that is not one or
   has no attention. Writes nothing."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from attn.apps.recommend import recommendation as rec  # pylint: disable=import-outside-toplevel
+  from attn.apps.recommend import task as rec  # pylint: disable=import-outside-toplevel
   from attn.training import checkpoints, loop  # pylint: disable=import-outside-toplevel
   res, why = _read(os.path.join(workdir, "results.json"))
   if res is None or "hr10" not in res:
@@ -303,9 +303,9 @@ def write(diag, directory) -> str:
 
 
 def diagnose_workdir(settings, out: str):
-  """`experiments.diagnose`'s hook (attn.apps.App.diagnose): the diagnosis of the finished run
-  in `settings.workdir` (DiagnoseSettings) written into `out`; (diagnose.json's path, the plot
-  file names, the printed table)."""
+  """`experiments.diagnose`'s hook (attn.common.applications.App.diagnose): the diagnosis of the
+  finished run in `settings.workdir` (DiagnoseSettings) written into `out`; (diagnose.json's
+  path, the plot file names, the printed table)."""
   if settings.ig_steps:
     raise ConfigError(f"--ig_steps={settings.ig_steps}: integrated gradients are not "
                       "implemented for recommend runs; leave it at 0")

@@ -1,8 +1,8 @@
-"""The reading-focus demo's page and API: trained readers (attn.apps.focus.focus) answer the
+"""The reading-focus demo's page and API: trained readers (attn.apps.focus.sweep) answer the
 page's queries over HTTP.
 
-    service = focus_server.FocusService.from_workdir("workdirs/focus")
-    focus_server.make_server(service, focus_server.inline_page(web_dir), port=8000).serve_forever()
+    service = FocusService.from_workdir("workdirs/focus")
+    make_server(service, inline_page(web_dir), port=8000).serve_forever()
 
 GET / is the page, /api/info the normalizers and sample stories, /api/read one story and question
 read at a temperature (`FocusService.read`).
@@ -28,7 +28,7 @@ from flax import nnx
 from attn.config.configurable import option
 from attn.errors import ConfigError, DataError
 from attn.data import stories
-from attn.apps.focus.focus import MODEL_FILE, PAGE_FILE, TEMPERATURE_RANGE, params_file
+from attn.apps.focus.sweep import MODEL_FILE, PAGE_FILE, TEMPERATURE_RANGE, params_file
 from attn.models import reader
 
 log = logging.getLogger(__name__)

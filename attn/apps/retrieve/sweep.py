@@ -1,9 +1,10 @@
-"""Retrieval, then read: train attn.apps.retrieve.retriever on two-hop questions in pools of distractor
-stories (attn.apps.retrieve.pools), one model per retrieval mode and number of distractors; measure
-retrieval recall@k, answer accuracy and where each hop looks; save the table, the plot and the
-models the page serves.
+"""Retrieval, then read, as a sweep: train a retriever + reader (attn.apps.retrieve.model) on
+two-hop questions in pools of distractor stories (attn.apps.retrieve.data), one model per
+retrieval mode and number of distractors; measure retrieval recall@k, answer accuracy and where
+each hop looks (attn.apps.retrieve.evaluation); save the table, the plot and the models the page
+serves.
 
-    results = retrieve.train_and_evaluate(RetrieveConfig(), "workdirs/retrieve")
+    results = train_and_evaluate(RetrieveConfig(), "workdirs/retrieve")
 
 Training signal (loss per question): -log p(a|q), the answer marginalized over the retrieved
 passages (end to end: the retriever gets gradient through p(z|q) over the retrieved set only),
@@ -13,7 +14,7 @@ gold passage outside the top k: early in training the reader is no better than c
 passage, so nothing pulls the gold one in. `--retrieval_loss=0` trains end to end only.
 
 Each model trains through the one training loop (attn.training.loop; its task:
-attn.apps.retrieve.retrieve_task.RetrieveTask) in its own workdir, <workdir>/runs/<mode>_d<n>/,
+attn.apps.retrieve.task.RetrieveTask) in its own workdir, <workdir>/runs/<mode>_d<n>/,
 so it gets the loop's divergence guard, Ctrl-C save, resuming and workdir lock: rerunning the
 same command resumes a sweep that was stopped.
 
@@ -30,17 +31,15 @@ import dataclasses
 import os
 import shutil
 
-import jax
-import numpy as np
-from flax import nnx
-
 from attn.common import files
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.apps.retrieve import pools
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import evaluation
+from attn.apps.retrieve import model as retriever
+from attn.apps.retrieve import task as retrieve_task
 from attn.data import stories
-from attn.apps.retrieve import retriever
 from attn.training import workdir as workdir_lib
 
 MODEL_FILE = "model.json"  # story config, vocabulary, the served model's config, sample pools
@@ -62,7 +61,7 @@ class RetrieveConfig:
   stories: stories.StoryConfig = option(pools.POOL_STORIES, "What the stories are drawn from.")
   distractors: tuple[int, ...] = option((0, 4, 16, 64), "Distractor stories per pool (the sweep).")
   modes: tuple[str, ...] = option(("retrieve", "random", "whole_pool"),
-                                  "Retrieval modes to train (attn.apps.retrieve.retriever.RETRIEVAL).")
+                                  "Retrieval modes to train (attn.apps.retrieve.model.RETRIEVAL).")
   top_k: int = option(2, "Passages (stories) read per question.")
   hops: int = option(2, "Reader hops (the questions need two supporting facts).")
   dim: int = option(32, "Embedding size d.")
@@ -102,64 +101,11 @@ class RetrieveConfig:
         top_k=self.top_k, mode=mode)
 
 
-# ----------------------------------------------------------------------------- batches
-
-def batch_arrays(data: pools.PoolSet, idx):
-  """Questions idx [B] -> (passages [B, P, S, W], passage_mask [B, P, S], question, answer,
-  gold): the pools gathered from the bank (numpy or jax arrays)."""
-  rows = data.pool[idx]  # [B, P]
-  return (data.stories[rows], data.story_mask[rows], data.question[idx], data.answer[idx],
-          data.gold[idx])
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-def run_model(model, data: pools.PoolSet, seed: int = 0, batch: int = 250) -> retriever.RetrieveOut:
-  """The model over every question of `data`, in batches; numpy RetrieveOut."""
-  graphdef, state = nnx.split(model)
-  outs = []
-  for start in range(0, len(data.answer), batch):
-    p, m, q, _, _ = batch_arrays(data, np.arange(start, min(start + batch, len(data.answer))))
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), start)
-    outs.append(retriever.apply(graphdef, state, p, m, q, key))
-  return retriever.RetrieveOut(*(np.concatenate([np.asarray(o[i]) for o in outs])
-                                 for i in range(len(outs[0]))))
-
-
-def hop_hits(out: retriever.RetrieveOut, data: pools.PoolSet, max_sentences: int,
-             flat: bool) -> list[float]:
-  """Per hop: fraction of questions whose most-weighted sentence (over every sentence read,
-  weighted by p(z|q)) is the hop's gold fact (hop 1: the pick-up; hop 2 on: the last move)."""
-  B, Z, H, T = out.sentence_weights.shape
-  if flat:  # whole_pool: one passage of P stories, in pool order
-    pz, passage = np.ones((B, 1)), None
-  else:
-    pz, passage = np.take_along_axis(out.passage_weights, out.retrieved, axis=1), out.retrieved
-  hits = []
-  for h in range(H):
-    flat = (pz[:, :, None] * out.sentence_weights[:, :, h]).reshape(B, Z * T).argmax(-1)
-    z, s = flat // T, flat % T
-    story = s // max_sentences if passage is None else passage[np.arange(B), z]
-    fact = data.supports[:, min(h, 1)]
-    hits.append(float(np.mean((story == data.gold) & (s % max_sentences == fact))))
-  return hits
-
+# ----------------------------------------------------------------------------- measures
 
 def evaluate(model, data: pools.PoolSet, cfg: RetrieveConfig) -> dict:
-  """`measure` with the seed and story length of `cfg`."""
-  return measure(model, data, cfg.seed, cfg.stories.max_sentences)
-
-
-def measure(model, data: pools.PoolSet, seed: int, max_sentences: int) -> dict:
-  """recall@k (1.0 for whole_pool, which reads everything), answer accuracy and hop hits on
-  `data` (seed: the `random` mode's draws, as run_model; max_sentences: S of the stories)."""
-  out = run_model(model, data, seed)
-  flat = retriever.RETRIEVAL.get(model.cfg.mode).flat
-  return {"passages": int(data.pool.shape[1]),
-          "recall_at_k": 1.0 if flat else float(np.mean((out.retrieved == data.gold[:, None]
-                                                         ).any(-1))),
-          "answer_accuracy": float(np.mean(out.log_probs.argmax(-1) == data.answer)),
-          "hop_hits": hop_hits(out, data, max_sentences, flat)}
+  """`evaluation.measure` with the seed and story length of `cfg`."""
+  return evaluation.measure(model, data, cfg.seed, cfg.stories.max_sentences)
 
 
 def baselines(cfg: RetrieveConfig, passages: int) -> dict:
@@ -169,13 +115,6 @@ def baselines(cfg: RetrieveConfig, passages: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- files
-
-def held_out_pools(size: int, distractors: int, seed: int, sc: stories.StoryConfig,
-               vocab: stories.Vocab) -> pools.PoolSet:
-  """The held-out pools of a run with `seed` (what its table is measured on; the diagnosis
-  rebuilds them from retrieve.json)."""
-  return pools.build(size, distractors, seed + 1_000_003, sc, vocab).arrays
-
 
 def _sample_record(built: pools.Pools, i: int) -> dict:
   """A test pool for the page: its text (passages separated by blank lines), question, answer
@@ -251,15 +190,13 @@ def _copy(src: str, dst: str):
 def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = None,
                        verbose: bool = True) -> dict:
   """Per number of distractors and mode: trains one model through the training loop
-  (attn.training.loop, task attn.apps.retrieve.retrieve_task.RetrieveTask) in its own workdir,
+  (attn.training.loop, task attn.apps.retrieve.task.RetrieveTask) in its own workdir,
   `run_dir(workdir, mode, distractors)`, and measures its final parameters on the held-out
   pools. Rerunning the same command resumes a sweep stopped by Ctrl-C: each run resumes from
   its checkpoint, and a finished one is measured again without training. Writes into workdir
   retrieve.json, retrieve.md, retrieve.png, model.json and retriever.npz (the first mode
   trained with the most distractors, what the page serves), and retrieve.html when `page` is
   given. Returns the results (what retrieve.json holds)."""
-  # pylint: disable-next=import-outside-toplevel  (it imports this module)
-  from attn.apps.retrieve import retrieve_task
   from attn.training import loop  # pylint: disable=import-outside-toplevel
   say = print if verbose else (lambda *a, **k: None)
   sc = cfg.stories

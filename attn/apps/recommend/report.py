@@ -1,13 +1,14 @@
 """The recommendation runs side by side: one table (HR@10, NDCG@10, attention on the planted
 trigger, parameters, wall time) and one figure with two panels, by history length: the final
 position's attention on the planted trigger (models with attention), and HR@10 of every model.
-Reads each run's results.json (attn.apps.recommend.recommendation_eval)."""
+Reads each run's results.json (attn.apps.recommend.evaluation)."""
 
 from __future__ import annotations
 
 import os
 
 from attn.common import files
+from attn.common.tables import format_cell, markdown_table
 from attn.errors import ConfigError, DataError
 from attn.inspection.plots import pyplot
 
@@ -24,6 +25,13 @@ def load(workdirs) -> list[tuple[str, dict]]:
                       f"experiments.recommend --workdir={wd})")
     rows.append((res.get("model", os.path.basename(os.path.normpath(wd))), res))
   return rows
+
+
+def results_table(rows) -> str:
+  """A markdown table of (name, results) pairs: HR@10, NDCG@10, parameters, wall time."""
+  cols = ("hr10", "ndcg10", "attention_on_gold", "params", "wall_s")
+  return markdown_table(["model", *cols], [[name] + [format_cell(r.get(c, "")) for c in cols]
+                                           for name, r in rows])
 
 
 def figure(rows, path: str) -> None:

@@ -1,5 +1,5 @@
 """Is the attention on the gold facts what the answer uses? A counterfactual diagnosis of a trained
-retriever + reader (attn.apps.retrieve.retriever), stage by stage.
+retriever + reader (attn.apps.retrieve.model), stage by stage.
 
 Each stage's weights are replaced by a registered intervention (attn.inspection.interventions:
 identity, permute, uniform, zero_top) while the other stages run as trained, and the answers are
@@ -15,9 +15,9 @@ Per stage and intervention: answer accuracy, the fraction of answers that change
 total variation between the real and the counterfactual answer distributions
 (measures.output_divergences). `identity` is the control: it must reproduce the model's own
 accuracy exactly. Per stage also where the top weight sits: the gold story for retrieval, the hop's
-gold fact for a hop (attn.apps.retrieve.retrieve.hop_hits).
+gold fact for a hop (attn.apps.retrieve.evaluation.hop_hits).
 
-    report = retrieve_diagnosis.diagnose_workdir("workdirs/retrieve", ("identity", "zero_top"))
+    report = diagnose_workdir("workdirs/retrieve", ("identity", "zero_top"))
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import interventions as interventions_lib
 from attn.inspection import measures
-from attn.apps.retrieve import pools
-from attn.apps.retrieve import retrieve
-from attn.apps.retrieve import retriever
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import evaluation
+from attn.apps.retrieve import model as retriever
+from attn.apps.retrieve import sweep as retrieve
 
 DIAGNOSIS_FILE = "diagnose.json"
 DIAGNOSIS_TABLE = "diagnose.md"
@@ -80,11 +81,11 @@ def _counterfactual(graphdef, state, passages, mask, question, key, draw_key, na
 def counterfactual_log_probs(model, data: pools.PoolSet, name: str, at: int, seed: int = 0,
                              batch: int = 250) -> np.ndarray:
   """log p(a|q) [N, A] over every question of `data` with stage `at` intervened on; batches and
-  model keys as retrieve.run_model, so `identity` gives its numbers."""
+  model keys as evaluation.run_model, so `identity` gives its numbers."""
   graphdef, state = nnx.split(model)
   n, outs = len(data.answer), []
   for start in range(0, n, batch):
-    p, m, q, _, _ = retrieve.batch_arrays(data, np.arange(start, min(start + batch, n)))
+    p, m, q, _, _ = pools.batch_arrays(data, np.arange(start, min(start + batch, n)))
     key = jax.random.fold_in(jax.random.PRNGKey(seed), start)
     draw_key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), start)
     outs.append(np.asarray(_counterfactual(graphdef, state, p, m, q, key, draw_key, name,
@@ -95,10 +96,10 @@ def counterfactual_log_probs(model, data: pools.PoolSet, name: str, at: int, see
 def diagnose(model, data: pools.PoolSet, max_sentences: int, interventions, seed: int = 0) -> dict:
   """The model's accuracy on `data` and, per stage: where its top weight sits (`top_on_gold`)
   and per intervention {accuracy, changed, tv} (see the module docstring)."""
-  out = retrieve.run_model(model, data, seed)
+  out = evaluation.run_model(model, data, seed)
   answer = out.log_probs.argmax(-1)
   flat = retriever.RETRIEVAL.get(model.cfg.mode).flat
-  hits = retrieve.hop_hits(out, data, max_sentences, flat)
+  hits = evaluation.hop_hits(out, data, max_sentences, flat)
   top_story = float(np.mean(out.passage_weights.argmax(-1) == data.gold))
   rows = []
   for at, label in stages(model.cfg):
@@ -133,7 +134,7 @@ def load(workdir: str):
   """The model the page serves and its test pools, rebuilt as the training run built them ->
   (model, test PoolSet, the run's results). A ConfigError when the workdir lacks them."""
   # pylint: disable-next=import-outside-toplevel  (the page's module loads the saved model)
-  from attn.apps.retrieve.retrieve_server import RetrieveService
+  from attn.apps.retrieve.server import RetrieveService
   service = RetrieveService.from_workdir(workdir)
   path = os.path.join(workdir, retrieve.RESULTS_FILE)
   results = files.read_json(path) if os.path.exists(path) else None
@@ -142,7 +143,7 @@ def load(workdir: str):
                       "--serve_only first")
   saved = files.read_json(os.path.join(workdir, retrieve.MODEL_FILE))
   cfg = results["config"]
-  test = retrieve.held_out_pools(cfg["test_size"], saved["trained_distractors"], cfg["seed"],
+  test = pools.held_out_pools(cfg["test_size"], saved["trained_distractors"], cfg["seed"],
                              service.story_config, service.vocab)
   return nnx.merge(*service.model), test, results
 

@@ -6,8 +6,8 @@ reading at each inference temperature and the run's result files; the loop bring
 divergence guard, the Ctrl-C save, resuming, the workdir lock, the device mesh and checkpoints.
 
 The stories have no eval split: the loop never evaluates during training and the reader of the
-last step is the one measured (as the demo always did). attn.apps.focus.focus builds each run's
-config from a FocusConfig and gathers the runs into the demo's files.
+last step is the one measured. attn.apps.focus.sweep builds each run's config from a FocusConfig
+and gathers the runs into the demo's files.
 
 Run workdir: config.json, model.json, checkpoints/, metrics.jsonl + tb/, reader.npz (the
 trained parameters) and results.json (last: train_seconds, final_loss, eval, step).

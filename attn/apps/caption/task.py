@@ -1,6 +1,6 @@
-"""The image captioning task: digit strips (attn.apps.caption.captions) captioned by the region CNN and a
-recurrent decoder (attn.apps.caption.captioner), in the same loop, workdir layout and resume as
-translation.
+"""The image captioning task: digit strips (attn.apps.caption.data) captioned by the region CNN
+and a recurrent decoder (attn.apps.caption.model), in the same loop, workdir layout and resume
+as translation.
 
 What differs from translation is only what the `Task` interface leaves to a task: the data
 section and bundle (`data_config`, `load_data`), the model (`build_model`, with the same
@@ -15,15 +15,15 @@ leaves its attention out (`aer_skips_unaligned`).
 
 from __future__ import annotations
 
-from attn.apps.caption import captions
+from attn.apps.caption import data as captions
 from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
 from attn.models import ModelConfig, match_param_count
-from attn.apps.caption.captioner import build_captioner
+from attn.apps.caption.model import build_captioner
 from attn.training.seq2seq_task import Seq2SeqTask
 from attn.training.task import refuse_changed_data
 
-_CAPTION_VOCAB = 14  # 4 reserved ids and the 10 digits (attn.apps.caption.captions)
+_CAPTION_VOCAB = 14  # 4 reserved ids and the 10 digits (attn.apps.caption.data)
 
 
 def digit_accuracy(hyps: list[str], refs: list[str]) -> float:

@@ -16,7 +16,6 @@ import numpy as np
 from flax import nnx
 
 from attn.common import files
-from attn.common.tables import format_cell, markdown_table
 from attn.evaluation import ranking
 from attn.training import distributed
 
@@ -155,10 +154,3 @@ def write_results(run, splits, trained: dict) -> dict:
       np.savez(tmp, **arrays)
     files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results
-
-
-def results_table(rows) -> str:
-  """A markdown table of (name, results) pairs: HR@10, NDCG@10, parameters, wall time."""
-  cols = ("hr10", "ndcg10", "attention_on_gold", "params", "wall_s")
-  return markdown_table(["model", *cols], [[name] + [format_cell(r.get(c, "")) for c in cols]
-                                           for name, r in rows])

@@ -1,6 +1,6 @@
 """One model of the retrieval sweep as a task of the one training loop (attn.training.loop):
-what the loop needs to know to train a retriever + reader (attn.apps.retrieve.retriever) on the
-two-hop questions of attn.apps.retrieve.pools, so each model of the sweep gets the loop's
+what the loop needs to know to train a retriever + reader (attn.apps.retrieve.model) on the
+two-hop questions of attn.apps.retrieve.data, so each model of the sweep gets the loop's
 divergence guard, Ctrl-C save, resuming, workdir lock and device mesh.
 
 A run's config has three sections, built from the sweep's RetrieveConfig by `run_config`:
@@ -8,13 +8,11 @@ A run's config has three sections, built from the sweep's RetrieveConfig by `run
 and the pools' seed), `model` (RetrieveModelSection: mode, dim, hops, top_k) and `train`
 (RetrieveTrainConfig: the loop's settings and the weight of the gold-passage loss).
 
-Batches: step s reads the questions the sweep's compiled loop of steps always drew,
-`jax.random.randint` from the key of the seed folded with 1, then with the first step of s's
-chunk of 250 steps, then with s's place in the chunk, and carries the `random` mode's key drawn
-with them (`step_draws`), so the sweep's figures are those of its former trainer; a resumed run
-reads the batches an uninterrupted one would. The sweep measures its final model, as it always has: the
-run has no eval split (no best/), and `write_results` evaluates the last state on the held-out
-pools.
+Batches: step s reads the questions drawn by `jax.random.randint` from the key of the seed
+folded with 1, then with the first step of s's chunk of 250 steps, then with s's place in the
+chunk, and carries the `random` mode's key drawn with them (`step_draws`); a resumed run reads
+the batches an uninterrupted one would. The sweep measures its final model: the run has no eval
+split (no best/), and `write_results` evaluates the last state on the held-out pools.
 
 Run workdir: config.json, model.json, checkpoints/, metrics.jsonl + tb/, retriever.npz (the
 trained parameters, as the page reads them) and results.json (last).
@@ -38,14 +36,14 @@ from attn.config.configurable import option
 from attn.data import stories
 from attn.errors import ConfigError
 from attn.models import count_params, reader
-from attn.apps.retrieve import pools
-from attn.apps.retrieve import retrieve
-from attn.apps.retrieve import retriever
+from attn.apps.retrieve import data as pools
+from attn.apps.retrieve import evaluation
+from attn.apps.retrieve import model as retriever
 from attn.training import distributed
 from attn.training.config import LoopConfig
 from attn.training.task import RUN_FIGURES, Task
 
-CHUNK = 250  # steps per compiled loop in the sweep's former trainer: its key schedule
+CHUNK = 250  # steps per block of draws: step_draws' key schedule
 PARAMS_FILE = "retriever.npz"  # a run's trained parameters (reader.save_params)
 RESULTS_FILE = "results.json"
 
@@ -58,7 +56,7 @@ class RetrieveData:
   train_size: int = option(4000, "Training questions (each with its own pool).")
   test_size: int = option(500, "Held-out questions.")
   batch_size: int = option(32, "Questions per step.")
-  seed: int = option(0, "Seed of the training pools (the held-out ones: retrieve.held_out_pools).")
+  seed: int = option(0, "Seed of the training pools (the held-out ones: pools.held_out_pools).")
 
   def __post_init__(self):
     if self.distractors < 0:
@@ -136,16 +134,15 @@ def load_pools(dc: RetrieveData) -> RetrieveBundle:
   builds every run's pools first, to refuse bad settings before writing anything)."""
   vocab = stories.Vocab.for_config(dc.stories)
   train = pools.build(dc.train_size, dc.distractors, dc.seed, dc.stories, vocab).arrays
-  test = retrieve.held_out_pools(dc.test_size, dc.distractors, dc.seed, dc.stories, vocab)
+  test = pools.held_out_pools(dc.test_size, dc.distractors, dc.seed, dc.stories, vocab)
   return RetrieveBundle(dc, {"train": train, "test": test})
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _chunk_draws(key, start, count: int, batch_size: int, num_questions: int):
   """(questions [count, batch_size], keys [count, 2]) of the first `count` steps of the chunk
-  starting at step `start`: the sweep's former compiled loop drew them inside it, per step i,
-  k1, k2 = split(fold_in(fold_in(key, start), i)); questions randint(k1, ...), k2 the `random`
-  mode's key."""
+  starting at step `start`: per step i, k1, k2 = split(fold_in(fold_in(key, start), i));
+  questions randint(k1, ...), k2 the `random` mode's key."""
   chunk_key = jax.random.fold_in(key, start)
 
   def one(i):
@@ -230,7 +227,7 @@ class RetrieveTask(Task):
       if select_rows is not None:
         rows, keys = select_rows(rows), select_rows(keys)
       yield dict(zip(("passages", "passage_mask", "question", "answer", "gold"),
-                     retrieve.batch_arrays(data, rows)), key=keys)
+                     pools.batch_arrays(data, rows)), key=keys)
 
   def train_tokens(self, bundle: RetrieveBundle, tc, step: int) -> float:
     """The questions of a global batch."""
@@ -265,7 +262,7 @@ class RetrieveTask(Task):
     """(sum of the per-question losses, questions, sum of the answer NLLs), float32 scalars.
     options: retrieval_loss (0 when the loss is only evaluated: its third part is what counts
     then). The `random` mode draws with the batch's key (its rows all hold the step's), not
-    with `dropout_key`, so a step draws what the former trainer drew."""
+    with `dropout_key`."""
     del dropout_key
     loss, nll = question_losses(model, batch, batch["key"][0], options.get("retrieval_loss", 0.0))
     return jnp.sum(loss), jnp.asarray(loss.shape[0], jnp.float32), jnp.sum(nll)
@@ -290,8 +287,8 @@ class RetrieveTask(Task):
     del role
     model, _ = nnx.merge(run.graphdef, run.state)
     dc = run.bundle.config
-    return retrieve.measure(model, run.bundle.splits["test"], run.tc.seed,
-                            dc.stories.max_sentences)
+    return evaluation.measure(model, run.bundle.splits["test"], run.tc.seed,
+                              dc.stories.max_sentences)
 
   def final_loss(self, run, steps: int = 50) -> float:
     """The mean training loss of the current parameters over the batches of the last `steps`
@@ -306,7 +303,7 @@ class RetrieveTask(Task):
     """Measures the final parameters on the held-out pools; writes retriever.npz, then
     results.json (process 0 only). Returns the results: distractors, train_seconds (the
     training time across resumes), final_loss, step, params, the retriever's config ("model")
-    and what retrieve.measure gives."""
+    and what evaluation.measure gives."""
     del ckpt  # no eval split: the last state is the one measured
     model, _ = nnx.merge(run.graphdef, run.state)
     results = {"distractors": run.bundle.config.distractors, "train_seconds": run.progress.wall_s,
@@ -322,7 +319,7 @@ class RetrieveTask(Task):
 
 def run_config(cfg, mode: str, distractors: int):
   """The loop config (ConfigDict: data, model, train) of the sweep's model of `mode` with
-  `distractors`, from `cfg` (a retrieve.RetrieveConfig). train.divergence_factor is 10 x
+  `distractors`, from `cfg` (a sweep.RetrieveConfig). train.divergence_factor is 10 x
   max(1, retrieval_loss), as uniform_loss counts the gold-passage term at weight 1."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   config = ml_collections.ConfigDict()

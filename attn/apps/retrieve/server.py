@@ -1,7 +1,8 @@
 """The retrieval experiment on the reading-focus page: a trained retriever + reader
-(attn.apps.retrieve.retrieve) answers the page's queries with both stages' weights.
+(attn.apps.retrieve.sweep) answers the page's queries with both stages' weights.
 
-    service = retrieve_server.RetrieveService.from_workdir("workdirs/retrieve")
+    from attn.apps.focus import server as focus_server
+    service = RetrieveService.from_workdir("workdirs/retrieve")
     focus_server.make_server(service, focus_server.inline_page(web_dir), port=8000)
 
 The page's story box holds a pool: passages (stories) separated by blank lines. `read` returns what
@@ -26,11 +27,11 @@ from attn.common import files
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.data import stories
-from attn.apps.focus.focus import TEMPERATURE_RANGE
-from attn.apps.focus.focus_server import BadRequest, bucket, check_query
-from attn.apps.retrieve.retrieve import MODEL_FILE, SERVED_PARAMS
+from attn.apps.focus.sweep import TEMPERATURE_RANGE
+from attn.apps.focus.server import BadRequest, bucket, check_query
+from attn.apps.retrieve.sweep import MODEL_FILE, SERVED_PARAMS
 from attn.models import reader
-from attn.apps.retrieve import retriever
+from attn.apps.retrieve import model as retriever
 
 TITLE = "Retrieval, then read"
 DESCRIPTION = (

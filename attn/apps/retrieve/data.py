@@ -148,3 +148,18 @@ def recall_at_k(scores: np.ndarray, gold: np.ndarray, k: int) -> float:
   earlier = np.arange(scores.shape[1])[None, :] < gold[:, None]
   rank = 1 + np.sum(scores > g, axis=1) + np.sum((scores == g) & earlier, axis=1)
   return float(np.mean(rank <= k))
+
+
+def held_out_pools(size: int, distractors: int, seed: int, sc: stories.StoryConfig,
+                   vocab: stories.Vocab) -> PoolSet:
+  """The held-out pools of a run with `seed` (what its table is measured on; the diagnosis
+  rebuilds them from retrieve.json)."""
+  return build(size, distractors, seed + 1_000_003, sc, vocab).arrays
+
+
+def batch_arrays(data: PoolSet, idx):
+  """Questions idx [B] -> (passages [B, P, S, W], passage_mask [B, P, S], question, answer,
+  gold): the pools gathered from the bank (numpy or jax arrays)."""
+  rows = data.pool[idx]  # [B, P]
+  return (data.stories[rows], data.story_mask[rows], data.question[idx], data.answer[idx],
+          data.gold[idx])
