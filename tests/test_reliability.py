@@ -129,6 +129,12 @@ def test_each_step_draws_its_own_dropout_key_and_resume_draws_the_same(tmp_path)
   again = [np.asarray(jax.random.key_data(k) if jax.dtypes.issubdtype(
       k.dtype, jax.dtypes.prng_key) else k).tobytes() for k in map(run.step_key, range(6))]
   assert again == seen  # a function of (seed, step) only: a resumed run draws the same
+  seed = run.tc.seed + 1  # the keys the loop draws are PRNGKey(seed + 1) folded with the step
+  assert seen == [np.asarray(jax.random.key_data(k) if jax.dtypes.issubdtype(
+      k.dtype, jax.dtypes.prng_key) else k).tobytes()
+                  for k in (jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(6))]
+  if run.mesh is not None:
+    assert run.step_key(0).sharding.is_fully_replicated
 
 
 def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_path):

@@ -68,6 +68,15 @@ def train_step(task: Task, graphdef, state, batch, key, **loss_options):
   return nnx.state((model, optimizer)), metrics
 
 
+@functools.partial(jax.jit, static_argnames="sharding")
+def _step_key(seed, step, sharding=None):
+  """fold_in(PRNGKey(seed), step), compiled, on `sharding` (None: the default device): made op by
+  op, PRNGKey reads its seed's value on the host, which waits for the step before it to finish,
+  so a step of a few milliseconds would run after the host's work instead of beside it."""
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+  return key if sharding is None else jax.lax.with_sharding_constraint(key, sharding)
+
+
 @dataclasses.dataclass
 class Run:
   """What a training run holds, in three parts: what `setup` builds (the task, its configs and
@@ -94,10 +103,13 @@ class Run:
 
   def step_fn(self, compiler_options: dict | None = None):
     """The jitted train step of `device_batch`'s batches (the task's loss options bound; XLA
-    `compiler_options`, None: its defaults): the state keeps its shardings (replicated, or the
-    vocabulary matrices over "model"), the rows are split over "data", the metrics replicated."""
+    `compiler_options`, None: the task's, `Task.compiler_options`): the state keeps its
+    shardings (replicated, or the vocabulary matrices over "model"), the rows are split over
+    "data", the metrics replicated."""
     fn = functools.partial(train_step, self.task, self.graphdef,
                            **self.task.loss_options(self.tc))
+    if compiler_options is None:
+      compiler_options = self.task.compiler_options(self.tc, self.mc)
     kw = dict(donate_argnums=(0,) if self.donate else (), compiler_options=compiler_options)
     if self.mesh is not None:
       rep = distributed.replicated(self.mesh)
@@ -125,8 +137,14 @@ class Run:
 
   def step_key(self, step: int):
     """The dropout key of `step`: a function of the seed and the step only, so a resumed run
-    draws the same masks as an uninterrupted one and no two steps share a mask."""
-    return jax.random.fold_in(jax.random.PRNGKey(self.tc.seed + 1), step)
+    draws the same masks as an uninterrupted one and no two steps share a mask. Replicated over
+    the mesh, where there is one."""
+    if self.mesh is None:
+      return _step_key(np.int32(self.tc.seed + 1), np.int32(step))
+    sharding = distributed.replicated(self.mesh)
+    if jax.process_count() > 1:  # every process's key, placed as one global array
+      return distributed.place(_step_key(np.int32(self.tc.seed + 1), np.int32(step)), sharding)
+    return _step_key(np.int32(self.tc.seed + 1), np.int32(step), sharding=sharding)
 
 
 def validate_config(config, task: Task | str = "translate") -> LoopConfig:
@@ -277,7 +295,6 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   step_start = p.step
   it = run.task.train_batches(run.bundle, tc, p.step,
                               None if run.rows is None else run.rows.select)
-  key_sharding = None if run.mesh is None else distributed.replicated(run.mesh)
   timing, last = _Timing(time.time()), None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, in _after_step.)
@@ -293,8 +310,6 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
              and (stop_after is None or p.step - step_start < stop_after)):
         batch = run.device_batch(next(it))
         key = run.step_key(p.step)
-        if key_sharding is not None:
-          key = distributed.place(key, key_sharding)
         ntok = run.task.train_tokens(run.bundle, tc, p.step)  # the global batch's, everywhere
         # Ctrl-C is held while the step runs: it donates the old state, so an interrupt raised
         # before the new state and its step count are assigned would leave nothing to save.
