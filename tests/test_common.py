@@ -5,6 +5,7 @@ import json
 import os
 import stat
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -50,3 +51,14 @@ def test_the_jit_cache_returns_one_function_per_key():
   f = jitting.jitted(scale, k=2.0)
   assert jitting.jitted(scale, k=2.0) is f and jitting.jitted(scale, k=3.0) is not f
   np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
+
+
+def test_cpu_options_are_the_ones_this_jaxlib_knows_and_only_on_the_cpu(monkeypatch):
+  assert jitting.cpu_options(jitting.XLA_REDUCTIONS) == jitting.XLA_REDUCTIONS
+  assert jitting.cpu_options({"xla_cpu_no_such_option_anywhere": True}) is None
+  f = jax.jit(lambda x: jnp.sum(x * x, axis=-1),
+              compiler_options=jitting.cpu_options(jitting.XLA_REDUCTIONS))
+  x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+  np.testing.assert_allclose(f(x), (x.astype(np.float64) ** 2).sum(-1), rtol=1e-6)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert jitting.cpu_options(jitting.XLA_REDUCTIONS) is None

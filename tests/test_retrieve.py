@@ -229,3 +229,28 @@ def test_the_entry_point_refuses_bad_flags_in_one_line_before_writing(tmp_path, 
   assert done.returncode == 2 and re.match(r"error: ", done.stderr), done.stderr[-2000:]
   assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize("mode", ["whole_pool", "retrieve"])
+def test_the_whole_pool_step_fuses_its_sums_and_computes_the_same_step(tmp_path, mode):
+  """A whole-pool reader's step compiles with XLA's own reductions (jitting.XLA_REDUCTIONS),
+  the retrieving modes with XLA's defaults; either way the step computes the same update."""
+  from attn.common import jitting
+  from attn.training import loop
+  cfg = retrieve.RetrieveConfig(stories=SMALL, dim=8, steps=2, batch_size=4, train_size=20,
+                                test_size=8)
+  run = loop.setup(retrieve_task.run_config(cfg, mode, 4), str(tmp_path),
+                   retrieve_task.RetrieveTask())
+  options = run.task.compiler_options(run.tc, run.mc)
+  assert options == (jitting.XLA_REDUCTIONS if mode == "whole_pool" else None)
+  batch = run.device_batch(next(run.task.train_batches(run.bundle, run.tc, 0)))
+  key = run.step_key(0)
+  state, m = run.step_fn()(run.state, batch, key)
+  state_d, m_d = run.step_fn({})(run.state, batch, key)  # XLA's defaults
+  np.testing.assert_allclose(m["loss"], m_d["loss"], rtol=1e-6)
+  np.testing.assert_allclose(m["grad_norm"], m_d["grad_norm"], rtol=1e-5)
+  # Adam's first update is about lr * sign(g): a gradient entry near 0 may round either way,
+  # so the states agree to a small fraction of the learning rate (0.01).
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(state_d)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=1e-4, atol=1e-4)

@@ -154,6 +154,13 @@ class Task(abc.ABC):
     del tc
     return {}
 
+  def compiler_options(self, tc, model_config) -> dict | None:
+    """XLA options the train step compiles with (`jax.jit(compiler_options=...)`), from train
+    section `tc` and the model config; None, XLA's defaults, by default (see
+    attn.common.jitting.XLA_REDUCTIONS for a step whose wide sums should fuse)."""
+    del tc, model_config
+    return None
+
   @abc.abstractmethod
   def uniform_loss(self, model_config) -> float:
     """The mean token loss of a uniform guess over the outputs (log of their number): the

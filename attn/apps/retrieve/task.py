@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attn.common import files
+from attn.common import files, jitting
 from attn.config import configurable
 from attn.config.configurable import option
 from attn.data import stories
@@ -269,6 +269,15 @@ class RetrieveTask(Task):
 
   def loss_options(self, tc: RetrieveTrainConfig) -> dict:
     return {"retrieval_loss": tc.retrieval_loss}
+
+  def compiler_options(self, tc, model_config: RunModel) -> dict | None:
+    """A reader of the whole pool sums bags of words over every sentence of it: those sums are
+    compiled by XLA, fused with the lookups (attn.common.jitting.XLA_REDUCTIONS). The other
+    modes read k stories and run faster with XLA's defaults."""
+    del tc
+    if retriever.RETRIEVAL.get(model_config.retriever.mode).flat:
+      return jitting.cpu_options(jitting.XLA_REDUCTIONS)
+    return None
 
   def uniform_loss(self, model_config: RunModel) -> float:
     """log(answers) + log(passages) (a whole_pool reader: log(answers)): a uniform guess's
