@@ -18,7 +18,7 @@ from attn.benchmarks import decode_speed
 from attn import apps, training
 from attn.errors import ConfigError
 from attn.training import evaluation, loop
-from attn.training.seq2seq_task import Seq2SeqTask
+from attn.apps.translate.task import TranslationTask
 from experiments.configs import caption as caption_config
 from tests.test_decode import edge_case_table, random_table, toy_init, toy_step
 
@@ -198,17 +198,20 @@ def test_bench_decode_scores_a_caption_run_by_its_tasks_own_score(tiny_caption_w
   assert greedy["decode_s"] > 0 and record["sentences"] == 64
 
 
-class _Scored(Seq2SeqTask):
-  """A task registered later: whether it decodes is what its class is, not its name."""
-  scores = ("later_score",)
+class _Scored(TranslationTask):
+  """A task registered later, a sequence-to-sequence task with a first score of its own (the
+  exact match of translation under another name): whether it decodes is what its class is, not
+  its name."""
+  scores = ("later_score",) + TranslationTask.scores
   metrics = ("later_score",)
   columns = ("later_score",)
 
   def score(self, bundle, role, hyps, src_lengths):
-    raise NotImplementedError
+    scored = super().score(bundle, role, hyps, src_lengths)
+    return {"later_score": scored["exact_match"], **scored}
 
   def selection_metrics(self, bundle):
-    return self.scores
+    return ("later_score",)
 
 
 @pytest.fixture
