@@ -42,7 +42,7 @@ def step_memory(config, src_width: int):
   from attn.data.config import DataConfig  # pylint: disable=import-outside-toplevel
   from attn.models import ModelConfig  # pylint: disable=import-outside-toplevel
   from attn.training import TrainConfig, get_task, make_optimizer  # pylint: disable=import-outside-toplevel
-  from attn.training.loop import train_step  # pylint: disable=import-outside-toplevel
+  from attn.training.step import train_step  # pylint: disable=import-outside-toplevel
 
   dc, tc = DataConfig.from_config(config.data), TrainConfig.from_config(config.train)
   vocab = dc.vocab_size or 10_000

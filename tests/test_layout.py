@@ -239,4 +239,4 @@ def test_optimizers_are_stepped_in_attn_training_only():
       stepping.add(path.replace(os.sep, "/"))
   outside = {p for p in stepping if not p.startswith("attn/training/")}
   assert outside == OWN_STEPS, (sorted(outside - OWN_STEPS), sorted(OWN_STEPS - outside))
-  assert "attn/training/loop.py" in stepping
+  assert "attn/training/step.py" in stepping  # the loop's own step (train_step)

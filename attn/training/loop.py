@@ -30,7 +30,6 @@ import time
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
 from attn.common import compile_cache
@@ -44,37 +43,11 @@ from attn.training.divergence import (  # noqa: F401  (TrainingDiverged: raised 
     TrainingDiverged, check_divergence, loss_after_step)
 from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
+from attn.training.step import step_key as _step_key
+from attn.training.step import train_step  # noqa: F401  (re-exported: attn.training.train_step)
 from attn.training.task import SECTIONS, Task, application_of, check_section_names, get_task
 
 log = logging.getLogger(__name__)
-
-
-def train_step(task: Task, graphdef, state, batch, key, **loss_options):
-  """One optimizer step. state = nnx.state((model, optimizer)); returns (state, metrics):
-  loss (the mean token loss of the parameters before the step), nll (its unsmoothed mean),
-  tokens, grad_norm, param_norm (of the parameters after it). loss_options: the task's static
-  loss settings (`Task.loss_options`)."""
-  model, optimizer = nnx.merge(graphdef, state)
-
-  def loss_fn(model):
-    total, ntok, nll = task.loss(model, batch, key, **loss_options)
-    return total / ntok, (ntok, nll)
-
-  (loss, (ntok, nll)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-  optimizer.update(model, grads)
-  params = nnx.state(model, nnx.Param)
-  metrics = {"loss": loss, "nll": nll / ntok, "tokens": ntok, "grad_norm": optax.tree.norm(grads),
-             "param_norm": optax.tree.norm(params)}
-  return nnx.state((model, optimizer)), metrics
-
-
-@functools.partial(jax.jit, static_argnames="sharding")
-def _step_key(seed, step, sharding=None):
-  """fold_in(PRNGKey(seed), step), compiled, on `sharding` (None: the default device): made op by
-  op, PRNGKey reads its seed's value on the host, which waits for the step before it to finish,
-  so a step of a few milliseconds would run after the host's work instead of beside it."""
-  key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
-  return key if sharding is None else jax.lax.with_sharding_constraint(key, sharding)
 
 
 @dataclasses.dataclass

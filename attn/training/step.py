@@ -1,0 +1,39 @@
+"""One optimizer step of the training loop, and the dropout key each step draws."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import optax
+from flax import nnx
+
+from attn.training.task import Task
+
+
+def train_step(task: Task, graphdef, state, batch, key, **loss_options):
+  """One optimizer step. state = nnx.state((model, optimizer)); returns (state, metrics):
+  loss (the mean token loss of the parameters before the step), nll (its unsmoothed mean),
+  tokens, grad_norm, param_norm (of the parameters after it). loss_options: the task's static
+  loss settings (`Task.loss_options`)."""
+  model, optimizer = nnx.merge(graphdef, state)
+
+  def loss_fn(model):
+    total, ntok, nll = task.loss(model, batch, key, **loss_options)
+    return total / ntok, (ntok, nll)
+
+  (loss, (ntok, nll)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+  optimizer.update(model, grads)
+  params = nnx.state(model, nnx.Param)
+  metrics = {"loss": loss, "nll": nll / ntok, "tokens": ntok, "grad_norm": optax.tree.norm(grads),
+             "param_norm": optax.tree.norm(params)}
+  return nnx.state((model, optimizer)), metrics
+
+
+@functools.partial(jax.jit, static_argnames="sharding")
+def step_key(seed, step, sharding=None):
+  """fold_in(PRNGKey(seed), step), compiled, on `sharding` (None: the default device): made op by
+  op, PRNGKey reads its seed's value on the host, which waits for the step before it to finish,
+  so a step of a few milliseconds would run after the host's work instead of beside it."""
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+  return key if sharding is None else jax.lax.with_sharding_constraint(key, sharding)
