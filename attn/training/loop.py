@@ -112,12 +112,13 @@ class Run:
     """The dropout key of `step`: a function of the seed and the step only, so a resumed run
     draws the same masks as an uninterrupted one and no two steps share a mask. Replicated over
     the mesh, where there is one."""
+    seed, step = np.int32(self.tc.seed + 1), np.int32(step)
     if self.mesh is None:
-      return _step_key(np.int32(self.tc.seed + 1), np.int32(step))
+      return _step_key(seed, step)
     sharding = distributed.replicated(self.mesh)
     if jax.process_count() > 1:  # every process's key, placed as one global array
-      return distributed.place(_step_key(np.int32(self.tc.seed + 1), np.int32(step)), sharding)
-    return _step_key(np.int32(self.tc.seed + 1), np.int32(step), sharding=sharding)
+      return distributed.place(_step_key(seed, step), sharding)
+    return _step_key(seed, step, sharding=sharding)
 
 
 def validate_config(config, task: Task | str = "translate") -> LoopConfig:
