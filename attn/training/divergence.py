@@ -39,5 +39,5 @@ def check_divergence(run, m: dict, ckpt) -> None:
 def loss_after_step(run, batch) -> float:
   """Mean token loss of the current parameters on `batch` (what `run.device_batch` returns: the
   global batch; one forward pass, no dropout)."""
-  nll, ntok = run.state_loss_fn(run.state, batch)
+  _, ntok, nll = run.state_loss_fn(run.state, batch)
   return float(nll) / max(float(ntok), 1.0)

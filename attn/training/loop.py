@@ -99,12 +99,15 @@ class Run:
 
   @functools.cached_property
   def state_loss_fn(self):
-    """jit of (state, global batch) -> (summed NLL, tokens), replicated: the loss of the current
-    parameters on a training batch, computed over the mesh like the step."""
+    """jit of (state, global batch) -> (summed loss, tokens, summed NLL), replicated: the loss
+    of the current parameters on a training batch, without dropout, with the task's loss options
+    (`Task.loss_options`), computed over the mesh like the step. One program serves the
+    divergence check before a save and an application's figures of the final parameters."""
+    options = self.task.loss_options(self.tc)
+
     def loss(state, batch):
       model, _ = nnx.merge(self.graphdef, state)
-      _, ntok, nll = self.task.loss(model, batch)
-      return nll, ntok
+      return self.task.loss(model, batch, **options)
     return jax.jit(loss, **({} if self.mesh is None
                             else {"out_shardings": distributed.replicated(self.mesh)}))
 

@@ -171,7 +171,7 @@ def final_loss(run) -> float:
                               else run.rows.select)
   losses = []
   for _ in range(run.progress.step - start):
-    nll, ntok = run.state_loss_fn(run.state, run.device_batch(next(it)))
+    _, ntok, nll = run.state_loss_fn(run.state, run.device_batch(next(it)))
     losses.append(float(nll) / max(float(ntok), 1.0))
   return float(np.mean(losses)) if losses else float("nan")
 

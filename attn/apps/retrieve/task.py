@@ -182,12 +182,6 @@ def question_losses(model, batch, key, retrieval_loss: float):
   return nll - retrieval_loss * gold_lp, nll
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _mean_loss(graphdef, state, batch, retrieval_loss):
-  model, _ = nnx.merge(graphdef, state)
-  return jnp.mean(question_losses(model, batch, batch["key"][0], retrieval_loss)[0])
-
-
 class RetrieveTask(Task):
   """One (mode, distractors) model of the retrieval sweep (see the module docstring). Batches
   are dicts of passages, passage_mask, question, answer and gold (batch_arrays) and key [B, 2]
@@ -300,12 +294,16 @@ class RetrieveTask(Task):
                               dc.stories.max_sentences)
 
   def final_loss(self, run, steps: int = 50) -> float:
-    """The mean training loss of the current parameters over the batches of the last `steps`
-    steps."""
+    """The mean training loss (the retrieval term included) of the current parameters over the
+    batches of the last `steps` steps: a function of the state, the same after a resume. Computed
+    by the program the loop's divergence check compiled (`Run.state_loss_fn`)."""
     start = max(run.progress.step - steps, 0)
-    batches = self.train_batches(run.bundle, run.tc, start)
-    losses = [_mean_loss(run.graphdef, run.state, next(batches), run.tc.retrieval_loss)
-              for _ in range(start, run.progress.step)]
+    batches = self.train_batches(run.bundle, run.tc, start,
+                                 None if run.rows is None else run.rows.select)
+    losses = []
+    for _ in range(start, run.progress.step):
+      total, count, _ = run.state_loss_fn(run.state, run.device_batch(next(batches)))
+      losses.append(float(total) / max(float(count), 1.0))
     return float(np.mean(losses)) if losses else float("nan")
 
   def write_results(self, run, ckpt) -> dict:
