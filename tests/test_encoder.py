@@ -62,6 +62,20 @@ def _dots(jaxpr) -> int:
   return str(jaxpr).count("dot_general")
 
 
+def _scans(jaxpr) -> list:
+  """Every scan equation of `jaxpr`, inside nested jaxprs too (a custom VJP's call)."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      found.append(eqn)
+      continue
+    for value in eqn.params.values():
+      inner = getattr(value, "jaxpr", value)
+      if hasattr(inner, "eqns"):
+        found.extend(_scans(inner))
+  return found
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_the_input_projection_runs_once_outside_the_scan(cell):
   """Inside the scan only the recurrent product dense_h(h) is left: one matmul a direction."""
@@ -70,7 +84,7 @@ def test_the_input_projection_runs_once_outside_the_scan(cell):
   x = jnp.zeros((B, T, E))
   jaxpr = jax.make_jaxpr(lambda state: nnx.merge(graphdef, state).run_layer(
       nnx.merge(graphdef, state).layers[0], x, jnp.asarray(LENGTHS)))(state).jaxpr
-  scans = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "scan"]
+  scans = _scans(jaxpr)
   assert len(scans) == 2  # forward and backward
   assert [_dots(s.params["jaxpr"]) for s in scans] == [1, 1]
   assert _dots(jaxpr) == 4  # and dense_i once a direction, outside

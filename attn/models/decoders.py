@@ -29,8 +29,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attn
+from attn import precision
 from attn.models.dropout import dropout
-from attn.models import registries
+from attn.models import recurrence, registries
 from attn.models.layers import linear
 from attn.models.params import as_params, values
 from attn.data.tokens import UNK
@@ -53,6 +54,11 @@ class StepAttention(NamedTuple):
 def _step_positions(t, B):
   """[B, 1] target positions from a scalar step (teacher forcing) or per-example steps [B] (search)."""
   return jnp.broadcast_to(jnp.asarray(t).reshape(-1, 1), (B, 1))
+
+
+def _with_bias(layer, y):
+  """A product of `layer`'s kernel plus the layer's bias, if it has one."""
+  return y if layer.bias is None else y + layer.bias[...]
 
 
 def _first_query(att):
@@ -119,16 +125,28 @@ class RecurrentDecoder(nnx.Module):
     h0 = jnp.tanh(self.bridge(enc.final))  # [B, D]
     return {"carries": tuple(self.cell.carry_from_h(h0) for _ in range(self.cfg.dec_layers))}
 
-  def run_cells(self, carries, x, key):
-    """One time step through the stack. x: [B, d_in0] -> (carries, top output [B, D])."""
+  def run_cells(self, carries, x, key, products=None):
+    """One time step through the stack. x: [B, d_in0] -> (carries, top output [B, D]).
+    products: inside `recurrence.scan`, what forms the cells' matmuls (`cell_weights`)."""
     keys = [None] * len(carries) if key is None else list(jax.random.split(key, len(carries)))
     new = []
     for i, (cell, carry) in enumerate(zip(self.cells, carries)):
-      carry, x = cell(carry, x)
+      if products is None:
+        carry, x = cell(carry, x)
+      else:
+        xi = _with_bias(cell.dense_i, products(f"cells.{i}.dense_i", x))
+        hh = _with_bias(cell.dense_h, products(f"cells.{i}.dense_h", self.cell.h_of(carry)))
+        carry = self.cell.update(cell, carry, xi, hh)
+        x = self.cell.h_of(carry)
       new.append(carry)
       if i + 1 < len(carries):
         x = dropout(x, self.cfg.dropout, keys[i])
     return tuple(new), x
+
+  def cell_weights(self) -> dict:
+    """The cells' input and recurrent kernels by the names `run_cells` forms products with."""
+    return {f"cells.{i}.{name}": getattr(cell, name).kernel[...]
+            for i, cell in enumerate(self.cells) for name in ("dense_i", "dense_h")}
 
   def embed_prev(self, y_prev, key):
     return dropout(self.embed(self.in_vocab(y_prev)), self.cfg.dropout, key)  # [B, E]
@@ -146,18 +164,24 @@ class RecurrentDecoder(nnx.Module):
 
   def teacher_force(self, memory, tgt_in, dropout_key=None):
     """Scans `recur` over the target, then projects every step at once.
-    tgt_in: [B, Tt] (BOS + target[:-1])."""
+    tgt_in: [B, Tt] (BOS + target[:-1]). The cells' weight gradients are formed after the loop,
+    one product each (attn.models.recurrence)."""
     state = self.initial_state_from_memory(memory)
     k_rec, k_out = (None, None) if dropout_key is None else jax.random.split(dropout_key)
+    graphdef, params = nnx.split(self)
 
-    def body(state, inputs):
+    def body(products, operands, state, inputs):
+      params, memory, k_rec = operands
+      decoder = nnx.merge(graphdef, params)
       y_prev, t = inputs
       key = None if k_rec is None else jax.random.fold_in(k_rec, t)
-      state, feats, att = self.recur(memory, state, y_prev, t, key)
+      state, feats, att = decoder.recur(memory, state, y_prev, t, key, products=products)
       return state, (feats, att)
 
     Tt = tgt_in.shape[1]
-    _, (feats, att) = jax.lax.scan(body, state, (tgt_in.T, jnp.arange(Tt)))
+    _, (feats, att) = recurrence.scan(body, self.cell_weights(), (params, memory, k_rec), state,
+                                      (tgt_in.T, jnp.arange(Tt)),
+                                      dtype=precision.compute_dtype(self.compute_dtype))
     feats = jnp.swapaxes(feats, 0, 1)
     logits = self.project(feats, k_out)  # [B, Tt, V]
     att = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), att)  # [B, Tt, Ts] each
@@ -210,11 +234,11 @@ class NoAttentionDecoder(RecurrentDecoder):
     init = self.initial_state(enc)
     return {"c": enc.final, "mask": enc.mask, **{"init_" + k: v for k, v in init.items()}}
 
-  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None, products=None):
     del intervene  # nothing to intervene on: the source enters only through the fixed vector
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb, c = self.embed_prev(y_prev, k1), memory["c"]
-    carries, h = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
+    carries, h = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2, products)
     feats = jnp.concatenate([h, c, emb], -1)
     return {"carries": carries}, feats, StepAttention(jnp.zeros(memory["mask"].shape, jnp.float32))
 
@@ -293,7 +317,7 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
     return {"keys": keys, "values": enc.outputs, "mask": enc.mask,
             **{"init_" + k: v for k, v in init.items()}}
 
-  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None, products=None):
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     emb = self.embed_prev(y_prev, k1)
     s_prev = self.cell.h_of(state["carries"][-1])  # s_{t-1}: [B, D]
@@ -304,7 +328,7 @@ class BahdanauDecoder(AttentionMixin, RecurrentDecoder):
           memory["keys"].dtype)
     c, att = self.attend(memory, s_prev[:, None, :], positions, t, intervene, keys)  # [B, 1, He]
     c, att = c[:, 0], _first_query(att)
-    carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2)
+    carries, s = self.run_cells(state["carries"], jnp.concatenate([emb, c], -1), k2, products)
     new_state = {"carries": carries}
     if self.w_cov is not None:
       new_state["coverage"] = state["coverage"] + att.weights.astype(jnp.float32)
@@ -368,12 +392,12 @@ class LuongDecoder(AttentionMixin, RecurrentDecoder):
   def project(self, h_tilde, key=None):
     return self.out(dropout(h_tilde, self.cfg.dropout, key))  # eq. 6
 
-  def recur(self, memory, state, y_prev, t, key=None, intervene=None):
+  def recur(self, memory, state, y_prev, t, key=None, intervene=None, products=None):
     k1, k2 = (None, None) if key is None else jax.random.split(key)
     x = self.embed_prev(y_prev, k1)
     if self.cfg.rnn.input_feeding:
       x = jnp.concatenate([x, state["h_tilde"]], -1)
-    carries, h = self.run_cells(state["carries"], x, k2)
+    carries, h = self.run_cells(state["carries"], x, k2, products)
     positions = _step_positions(t, y_prev.shape[0])
     c, att = self.attend(memory, h[:, None, :], positions, t, intervene)
     h_tilde = self.attentional_state(c[:, 0], h)

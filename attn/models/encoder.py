@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn.models.dropout import dropout
-from attn.models.layers import mixed_cell
-from attn.models import registries
+from attn.models.layers import mixed_cell, operand_dtype
+from attn.models import recurrence, registries
 
 
 @registries.CELLS.register("gru")
@@ -30,8 +30,13 @@ class GRU:
     """nnx.GRUCell's update from xi = cell.dense_i(x) computed beforehand: h [B, H], xi [B, 3H]
     -> h'. The same arithmetic as GRUCell.__call__ (its reset gate scales the bias-free
     recurrent candidate, dense_h(h)_n)."""
+    return GRU.update(cell, h, xi, cell.dense_h(h))
+
+  @staticmethod
+  def update(cell: nnx.GRUCell, h, xi, hh):
+    """The step from both products: xi = dense_i(x), hh = dense_h(h) [B, 3H] -> h'."""
     xr, xz, xn = jnp.split(xi, 3, axis=-1)
-    hr, hz, hn = jnp.split(cell.dense_h(h), 3, axis=-1)
+    hr, hz, hn = jnp.split(hh, 3, axis=-1)
     r, z = cell.gate_fn(xr + hr), cell.gate_fn(xz + hz)
     n = cell.activation_fn(xn + r * hn)
     return (1.0 - z) * n + z * h
@@ -50,8 +55,13 @@ class LSTM:
   def step(cell: nnx.OptimizedLSTMCell, carry, xi):
     """nnx.OptimizedLSTMCell's update from xi = cell.dense_i(x) computed beforehand:
     carry (c, h) [B, H] each, xi [B, 4H] -> (c', h'). The same arithmetic as its __call__."""
-    c, h = carry
-    i, f, g, o = jnp.split(xi + cell.dense_h(h), 4, axis=-1)
+    return LSTM.update(cell, carry, xi, cell.dense_h(carry[1]))
+
+  @staticmethod
+  def update(cell: nnx.OptimizedLSTMCell, carry, xi, hh):
+    """The step from both products: xi = dense_i(x), hh = dense_h(h) (its bias included)."""
+    c, _ = carry
+    i, f, g, o = jnp.split(xi + hh, 4, axis=-1)
     c = cell.gate_fn(f) * c + cell.gate_fn(i) * cell.activation_fn(g)
     return c, cell.gate_fn(o) * cell.activation_fn(c)
 
@@ -132,18 +142,28 @@ def _scan_direction(cell_name: str, cell, x, lengths, *, reverse: bool):
   """One direction of a recurrent layer over right-padded sequences. x: [B, T, d]; lengths: [B].
   Returns (the carry after each sequence's last step in scan order, outputs [B, T, H]: the
   state after each position; past a length, the forward direction repeats its last state and
-  the backward one its initial zeros)."""
+  the backward one its initial zeros).
+
+  The recurrent weight's gradient is one product after the loop (attn.models.recurrence)."""
   kind = registries.CELLS.get(cell_name)
   B, T, _ = x.shape
   xi = jnp.swapaxes(cell.dense_i(x), 0, 1)  # [T, B, gates * H]
   carry0 = kind.carry_from_h(jnp.zeros((B, cell.hidden_features), jnp.float32))
+  graphdef, params = nnx.split(cell)
 
-  def body(carry, inputs):
+  def body(products, operands, carry, inputs):
+    params, lengths = operands
+    cell = nnx.merge(graphdef, params)
     xi_t, t = inputs
-    new = kind.step(cell, carry, xi_t)
+    hh = products("dense_h", kind.h_of(carry))
+    if cell.dense_h.bias is not None:
+      hh = hh + cell.dense_h.bias[...]
+    new = kind.update(cell, carry, xi_t, hh)
     live = (t < lengths)[:, None]  # [B, 1]: positions past a length leave the carry as it was
     carry = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, carry)
     return carry, kind.h_of(carry)
 
-  carry, out = jax.lax.scan(body, carry0, (xi, jnp.arange(T)), reverse=reverse)
+  weights = {"dense_h": cell.dense_h.kernel[...]}
+  carry, out = recurrence.scan(body, weights, (params, lengths), carry0, (xi, jnp.arange(T)),
+                               dtype=operand_dtype(cell.dense_h), reverse=reverse)
   return carry, jnp.swapaxes(out, 0, 1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 
+import jax.numpy as jnp
 from flax import nnx
 
 from attn import precision as precision_lib
@@ -39,7 +40,13 @@ def dot_general_in(dtype):
                        f"only, got dimension_numbers={dimension_numbers}")
     return precision_lib.matmul(lhs, rhs, dtype)
 
+  dot_general.dtype = dtype  # read by `operand_dtype`
   return dot_general
+
+
+def operand_dtype(layer: nnx.Linear):
+  """The dtype `layer`'s matmul rounds its operands to (float32 for a layer not made `mixed`)."""
+  return getattr(layer.dot_general, "dtype", jnp.float32)
 
 
 def mixed(layer: nnx.Linear, compute_dtype: str) -> nnx.Linear:
