@@ -36,6 +36,8 @@ class Settings:
   compute_dtypes: tuple[str, ...] = option((), "Compute dtypes (float32,bfloat16); default: the "
                                            "config's train.compute_dtype.")
   top: int = option(15, "Operations listed per dtype, longest first.")
+  instructions: int = option(0, "Also list this many compiled HLO instructions per dtype, "
+                             "longest first, with their result shapes.")
   source_depth: int = option(3, "Parts of the JAX op_name path that name an operation.")
   trace_dir: str = option("workdirs/profile_step", "Where the raw traces are written.")
   workdir: str = option("workdirs/bench_train", "Vocabulary and data cache.")
@@ -65,13 +67,19 @@ def profile(config, s: Settings) -> str:
     cats, top = op_profile.summarize(times, ops, calls=len(batches), top=s.top,
                                          depth=s.source_depth)
     step_ms = sum(r[1] for r in cats)
+    listed = op_profile.instructions(times, ops, calls=len(batches), top=s.instructions,
+                                     depth=s.source_depth) if s.instructions else []
     out.append(f"### {d}: {step_ms:.0f} ms of traced operations a step "
                f"(load {harness.loadavg()})\n\n"
                + markdown_table(["category", "ms a step", "share"],
                                 [[c, f"{ms:.1f}", f"{sh:.0%}"] for c, ms, sh in cats])
                + "\n\n"
                + markdown_table(["operation (category: source)", "ms a step", "share"],
-                                [[n, f"{ms:.1f}", f"{sh:.1%}"] for n, ms, sh in top]))
+                                [[n, f"{ms:.1f}", f"{sh:.1%}"] for n, ms, sh in top])
+               + ("\n\n" + markdown_table(
+                   ["instruction", "category", "result", "source", "ms a step", "share"],
+                   [[n, c, shp, src, f"{ms:.1f}", f"{sh:.1%}"]
+                    for n, c, shp, src, ms, sh in listed]) if listed else ""))
   text = "\n\n".join(out)
   print(text)
   return text

@@ -45,3 +45,17 @@ def test_trace_of_a_jitted_function_is_attributed(tmp_path):
   assert {c for c, _, _ in cats} >= {"matmul"}
   assert sum(share for _, _, share in cats) == pytest.approx(1.0)
   assert top[0][1] >= top[-1][1]
+
+
+def test_instructions_name_their_result_shapes(tmp_path):
+  """The longest instructions come with their result types: the [64, 128] product of the scan's
+  body is listed as a matmul of that shape."""
+  a, b = jnp.ones((64, 128)), jnp.ones((128, 128))
+  fn = jax.jit(_scan_matmul)
+  ops = op_profile.compiled_ops(fn.lower(a, b).compile().as_text())
+  assert any(op.category == "matmul" and op.shape == "f32[64,128]" for op in ops.values())
+  times = op_profile.self_times(op_profile.trace_events(fn, [(a, b)] * 3,
+                                                        str(tmp_path / "trace")))
+  rows = op_profile.instructions(times, ops, calls=3, top=4)
+  assert len(rows) == min(4, len(times)) and rows[0][4] >= rows[-1][4]
+  assert ("matmul", "f32[64,128]") in {(r[1], r[2]) for r in rows}

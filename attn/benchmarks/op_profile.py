@@ -25,7 +25,7 @@ import shutil
 
 import jax
 
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -50,6 +50,7 @@ class Op:
   opcode: str
   category: str
   source: str  # the op_name metadata (e.g. "jit(step)/.../dot_general"), "" if none
+  shape: str = ""  # the result type, layout left out (e.g. "f32[128,1280]")
 
 
 def _fusion_category(called: set[str]) -> str:
@@ -72,10 +73,11 @@ def compiled_ops(hlo_text: str) -> dict[str, Op]:
   for line in hlo_text.splitlines():
     m = _INSTR.match(line)
     if m and current is not None:
-      name, opcode, rest = m.groups()
+      name, result, opcode, rest = m.groups()
       comps[current].add(opcode)
       op_name = _OP_NAME.search(rest)
-      instrs.append((name, opcode, _CALLS.findall(rest), op_name.group(1) if op_name else ""))
+      instrs.append((name, opcode, _CALLS.findall(rest), op_name.group(1) if op_name else "",
+                     re.sub(r"\{[^}]*\}", "", result)))
       continue
     c = _COMP.match(line)
     if c and "=" not in line.split("{")[0]:
@@ -91,13 +93,13 @@ def compiled_ops(hlo_text: str) -> dict[str, Op]:
     return out
 
   ops = {}
-  for name, opcode, called, op_name in instrs:
+  for name, opcode, called, op_name, shape in instrs:
     if opcode in ("fusion", "custom-call"):
       category = _fusion_category(reach(called, set()) | (
           {"dot"} if opcode == "custom-call" and "matmul" in op_name.lower() else set()))
     else:
       category = _BY_OPCODE.get(opcode, "elementwise")
-    ops[name] = Op(opcode, category, op_name)
+    ops[name] = Op(opcode, category, op_name, shape)
   return ops
 
 
@@ -177,3 +179,22 @@ def summarize(times: dict[str, float], ops: dict[str, Op], *, calls: int, top: i
   src_rows = sorted(((f"{c}: {s}", 1e3 * t / calls, t / whole) for (c, s), t in sources.items()),
                     key=lambda r: -r[1])[:top]
   return cat_rows, src_rows
+
+
+def instructions(times: dict[str, float], ops: dict[str, Op], *, calls: int, top: int = 15,
+                 depth: int = 3):
+  """The `top` longest compiled instructions: (name, category, result shape, source, ms per
+  call, share), longest first. Where the per-source rows of `summarize` add up instructions of
+  every shape, these tell a [128, 1280] product from a [2048, 5908] one.
+
+  XLA:CPU runs independent instructions side by side on its threads, and each traced event
+  counts its own duration: the times add up to more than the step's wall time when they
+  overlap, so an instruction that got faster shortens the step only if it was on its critical
+  path (time the step itself, e.g. with bench_train, to know)."""
+  whole = sum(times.values()) or 1.0
+  rows = []
+  for name, t in sorted(times.items(), key=lambda kv: -kv[1])[:top]:
+    op = ops.get(name, Op("?", "other", ""))
+    rows.append((name, op.category, op.shape, _short_source(op.source, depth), 1e3 * t / calls,
+                 t / whole))
+  return rows
