@@ -240,9 +240,19 @@ TINY = focus.FocusConfig(
     temperatures=(0.5, 2.0), dim=8, steps=30, train_size=200, test_size=50, num_samples=2)
 
 
+@pytest.mark.parametrize("steps_per_call,saved", [(1, "13"), (10, "10")])
 def test_ctrl_c_saves_the_reader_and_the_rerun_ends_where_an_uninterrupted_demo_does(
-    tmp_path, monkeypatch):
+    tmp_path, monkeypatch, steps_per_call, saved):
+  """Ctrl-C before step 14: one step a call saves step 13; ten a call save the last call's end
+  (the interrupt lands before the call of steps 10..19 starts)."""
   from attn.apps.focus import task as focus_task
+  run_config = focus.run_config
+
+  def with_steps_per_call(cfg, normalizer):
+    config = run_config(cfg, normalizer)
+    config.train.steps_per_call = steps_per_call
+    return config
+  monkeypatch.setattr(focus, "run_config", with_steps_per_call)
   twin = focus.train_and_evaluate(TINY, str(tmp_path / "twin"), verbose=False)
   real = focus_task.FocusTask.train_tokens
 
@@ -254,9 +264,9 @@ def test_ctrl_c_saves_the_reader_and_the_rerun_ends_where_an_uninterrupted_demo_
   wd = tmp_path / "demo"
   with pytest.raises(KeyboardInterrupt):
     focus.train_and_evaluate(TINY, str(wd), verbose=False)
-  monkeypatch.undo()
+  monkeypatch.setattr(focus_task.FocusTask, "train_tokens", real)
   run = wd / focus.RUNS_DIR / "sparsemax"
-  assert sorted(n for n in os.listdir(run / "checkpoints") if n.isdigit()) == ["13"]
+  assert sorted(n for n in os.listdir(run / "checkpoints") if n.isdigit()) == [saved]
   assert not (wd / focus.RESULTS_FILE).exists() and not (run / "results.json").exists()
   resumed = focus.train_and_evaluate(TINY, str(wd), verbose=False)  # the same command again
   strip = lambda res: {n: {k: v for k, v in r.items() if k != "train_seconds"}

@@ -58,6 +58,11 @@ class LoopConfig:
           "its best checkpoint so far under marks/wall_<s>s/, for scores at equal wall time "
           "(experiments.score --checkpoints=marks); () = none")
   seed: int = option(0, "parameter initialization and dropout seed")
+  steps_per_call: int = option(
+      1, "optimizer steps per compiled call: n > 1 runs up to n steps as one lax.scan over "
+         "their stacked batches (batches of one shape: steps whose batches differ in shape run "
+         "one by one), for models whose steps are too short to pay for a call each; progress "
+         "lines, evaluations and saves still fall on their steps; one process only")
   compute_dtype: str = option(
       "float32", "float32 | bfloat16: the matmuls' input dtype (bfloat16 accumulates in float32); "
       "parameters, optimizer state, the loss and the normalizers stay float32")
@@ -80,6 +85,7 @@ class LoopConfig:
     for name in ("log_every", "eval_every", "checkpoint_every"):
       check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
     check(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints} must be >= 1")
+    check(self.steps_per_call >= 1, f"steps_per_call={self.steps_per_call} must be >= 1")
     check(self.clip_norm > 0, f"clip_norm={self.clip_norm} must be > 0")
     check(self.divergence_factor >= 0,
           f"divergence_factor={self.divergence_factor} must be >= 0")

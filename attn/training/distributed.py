@@ -208,6 +208,11 @@ def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def stacked_batch_sharding(mesh) -> NamedSharding:
+  """Batches of consecutive steps stacked on a leading axis: rows (axis 1) over "data"."""
+  return NamedSharding(mesh, P(None, "data"))
+
+
 def batch_sharding(mesh) -> NamedSharding:
   """Rows over "data" (any rank: the other axes replicated)."""
   return NamedSharding(mesh, P("data"))

@@ -45,6 +45,7 @@ from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
 from attn.training.step import step_key as _step_key
 from attn.training.step import train_step  # noqa: F401  (re-exported: attn.training.train_step)
+from attn.training.step import train_steps
 from attn.training.task import SECTIONS, Task, application_of, check_section_names, get_task
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,32 @@ class Run:
       kw.update(in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
                 out_shardings=(self.shardings, rep))
     return jax.jit(fn, **kw)
+
+  def steps_fn(self):
+    """The jitted `train_steps` (train.steps_per_call): (state, the steps' device batches
+    stacked on a leading axis (`device_batches`), seed, first step) -> (state, the last step's
+    metrics), with the step's shardings and options."""
+    fn = functools.partial(train_steps, self.task, self.graphdef,
+                           **self.task.loss_options(self.tc))
+    kw = dict(donate_argnums=(0,) if self.donate else (),
+              compiler_options=self.task.compiler_options(self.tc, self.mc))
+    if self.mesh is not None:
+      rep = distributed.replicated(self.mesh)
+      kw.update(in_shardings=(self.shardings, distributed.stacked_batch_sharding(self.mesh), rep,
+                              rep), out_shardings=(self.shardings, rep))
+    return jax.jit(fn, **kw)
+
+  def device_batches(self, batches) -> dict | None:
+    """Host batches of consecutive steps as one stacked global batch ([n, rows, ...] arrays),
+    or None when their shapes differ (buckets): those steps then run one by one."""
+    local = [self.task.device_batch(b) for b in batches]
+    shapes = {tuple((k, np.shape(v)) for k, v in sorted(b.items())) for b in local}
+    if len(shapes) > 1:
+      return None
+    stacked = {k: np.stack([b[k] for b in local]) for k in local[0]}
+    if self.mesh is None:
+      return jax.device_put(stacked)
+    return jax.device_put(stacked, distributed.stacked_batch_sharding(self.mesh))
 
   def device_batch(self, batch) -> dict:
     """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
@@ -146,6 +173,9 @@ def make_mesh(config, tc: LoopConfig, task: Task | str = "translate"):
   (ConfigError before anything is written)."""
   task = get_task(task) if isinstance(task, str) else task
   mesh = distributed.make_mesh(tc.mesh_shape)
+  if tc.steps_per_call > 1 and jax.process_count() > 1:
+    raise ConfigError(f"train.steps_per_call={tc.steps_per_call}: several steps a call stack "
+                      "one process's batches; with several processes set it to 1")
   dc = task.data_config(config.data)
   # (tokens_per_batch: 0, fixed batch sizes, for a data section that does not size by tokens)
   distributed.check_batch_rows(dc.batch_size, getattr(dc, "tokens_per_batch", 0),
@@ -268,7 +298,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   """
   p = run.progress
   tc = run.tc
-  step_fn = run.step_fn()
+  step_fn, steps_fn = run.step_fn(), None
   step_start = p.step
   it = run.task.train_batches(run.bundle, tc, p.step,
                               None if run.rows is None else run.rows.select)
@@ -285,17 +315,39 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         _evaluate(run, ckpt, writer, guard)
       while (not spent and p.step < tc.steps
              and (stop_after is None or p.step - step_start < stop_after)):
-        batch = run.device_batch(next(it))
-        key = run.step_key(p.step)
-        ntok = run.task.train_tokens(run.bundle, tc, p.step)  # the global batch's, everywhere
-        # Ctrl-C is held while the step runs: it donates the old state, so an interrupt raised
-        # before the new state and its step count are assigned would leave nothing to save.
+        n = _steps_this_call(run, step_start, stop_after)
+        hosts = [next(it) for _ in range(n)]
+        stacked = run.device_batches(hosts) if n > 1 else None
+        if stacked is None:  # one step a call
+          stop = False
+          for host in hosts:
+            batch = run.device_batch(host)
+            key = run.step_key(p.step)
+            ntok = run.task.train_tokens(run.bundle, tc, p.step)  # the global batch's, everywhere
+            # Ctrl-C is held while the step runs: it donates the old state, so an interrupt
+            # raised before the new state and its step count are assigned would leave nothing
+            # to save.
+            with guard.step():
+              run.state, last, p.step = (*step_fn(run.state, batch, key), p.step + 1)
+            p.train_tokens += ntok
+            timing.steps += 1
+            timing.tokens += ntok
+            stop = _after_step(run, ckpt, writer, timing, last, batch, guard)
+            if stop:
+              break
+          if stop:
+            break
+          continue
+        steps_fn = steps_fn or run.steps_fn()
+        ntok = sum(run.task.train_tokens(run.bundle, tc, p.step + j) for j in range(n))
         with guard.step():
-          run.state, last, p.step = (*step_fn(run.state, batch, key), p.step + 1)
+          run.state, last = steps_fn(run.state, stacked, np.int32(tc.seed + 1), np.int32(p.step))
+          p.step += n
         p.train_tokens += ntok
-        timing.steps += 1
+        timing.steps += n
         timing.tokens += ntok
-        if _after_step(run, ckpt, writer, timing, last, batch, guard):
+        # (the last step's batch: what the divergence check evaluates the new parameters on)
+        if _after_step(run, ckpt, writer, timing, last, run.device_batch(hosts[-1]), guard):
           break
   except KeyboardInterrupt:
     _save_on_interrupt(run, ckpt, last)
@@ -303,6 +355,19 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   jax.block_until_ready(run.state)
   p.wall_s += time.time() - timing.t_seg
   return last
+
+
+def _steps_this_call(run: Run, step_start: int, stop_after) -> int:
+  """How many steps the next call runs: train.steps_per_call, fewer where a progress line, an
+  evaluation, a save, the last step or `stop_after` falls earlier (those happen after a call)."""
+  p, tc = run.progress, run.tc
+  n = min(tc.steps_per_call, tc.steps - p.step)
+  everies = [tc.log_every, tc.checkpoint_every] + (
+      [tc.eval_every] if run.task.has_eval(run.bundle) else [])
+  n = min([n] + [every - p.step % every for every in everies])
+  if stop_after is not None:
+    n = min(n, step_start + stop_after - p.step)
+  return max(n, 1)
 
 
 def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -28,6 +29,21 @@ def train_step(task: Task, graphdef, state, batch, key, **loss_options):
   metrics = {"loss": loss, "nll": nll / ntok, "tokens": ntok, "grad_norm": optax.tree.norm(grads),
              "param_norm": optax.tree.norm(params)}
   return nnx.state((model, optimizer)), metrics
+
+
+def train_steps(task: Task, graphdef, state, batches, seed, start, **loss_options):
+  """len(batches) optimizer steps as one scan: `batches` holds the steps' batches stacked on a
+  leading axis; step start + j draws the key `step_key(seed, start + j)` would give it. Returns
+  (state, the last step's metrics)."""
+
+  def one(state, inputs):
+    batch, j = inputs
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), start + j)
+    return train_step(task, graphdef, state, batch, key, **loss_options)
+
+  n = jax.tree.leaves(batches)[0].shape[0]
+  state, metrics = jax.lax.scan(one, state, (batches, jnp.arange(n, dtype=jnp.int32)))
+  return state, jax.tree.map(lambda m: m[-1], metrics)
 
 
 @functools.partial(jax.jit, static_argnames="sharding")

@@ -57,6 +57,8 @@ class FocusTrainConfig(LoopConfig):
   log_every: int = option(500, "steps between progress lines and train metrics")
   eval_every: int = option(1000, "unused: the stories have no eval split")
   checkpoint_every: int = option(1000, "steps between checkpoints (for resuming)")
+  steps_per_call: int = option(50, "optimizer steps per compiled call (a reader's step takes "
+                               "less time than a call of its own costs)")
   temperatures: tuple[float, ...] = option((1.0,), "inference temperatures of the test reading")
 
   def __post_init__(self):
@@ -111,7 +113,8 @@ def _block_draws(seed, block_start, *, num_examples: int, batch_size: int):
 def batch_rows(num_examples: int, batch_size: int, seed: int, start_step: int):
   """Yields the training rows [batch_size] of each step, step `start_step` first: a function of
   the seed and the step only (DRAW_BLOCK), so a resumed run reads the rows an uninterrupted one
-  would."""
+  would. Each block is drawn a block ahead: reading a draw waits for every step queued before
+  it, so a block drawn when it is needed would stall the loop behind the device."""
   step = start_step
   while True:
     block = step - step % DRAW_BLOCK

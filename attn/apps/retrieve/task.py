@@ -101,6 +101,8 @@ class RetrieveTrainConfig(LoopConfig):
   log_every: int = option(250, "steps between progress lines and train metrics")
   eval_every: int = option(1500, "unused: a run has no eval split (its final model is measured)")
   checkpoint_every: int = option(500, "steps between checkpoints (for resuming)")
+  steps_per_call: int = option(50, "optimizer steps per compiled call (most models' steps take "
+                               "less time than a call of its own costs)")
   retrieval_loss: float = option(1.0, "Weight of the gold-passage loss (0: end to end only).")
 
   def __post_init__(self):
