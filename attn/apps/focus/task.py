@@ -113,8 +113,7 @@ def _block_draws(seed, block_start, *, num_examples: int, batch_size: int):
 def batch_rows(num_examples: int, batch_size: int, seed: int, start_step: int):
   """Yields the training rows [batch_size] of each step, step `start_step` first: a function of
   the seed and the step only (DRAW_BLOCK), so a resumed run reads the rows an uninterrupted one
-  would. Each block is drawn a block ahead: reading a draw waits for every step queued before
-  it, so a block drawn when it is needed would stall the loop behind the device."""
+  would."""
   step = start_step
   while True:
     block = step - step % DRAW_BLOCK
