@@ -1,6 +1,7 @@
 """Training and evaluation, split by responsibility:
 
 - `loop`: `train_and_evaluate(config, workdir, task)`, `setup`, `train`, `train_step`;
+- `run`: `Run`, a run's state and the programs it compiles;
 - `evaluation`: perplexity, decoding a split, scores, alignment quality, the result files;
 - `checkpoints`: orbax `checkpoints/` (latest) and `best/`;
 - `resume`: what a resumed run may do (nothing to train, switched features) and when its records

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -38,117 +37,16 @@ from attn.models import count_params
 from attn.training import distributed, marks, resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
-from attn.training.checkpoints import Checkpoints, Progress, restore_for_reading
+from attn.training.checkpoints import Checkpoints, restore_for_reading
 from attn.training.divergence import (  # noqa: F401  (TrainingDiverged: raised from here)
     TrainingDiverged, check_divergence, loss_after_step)
 from attn.training.config import LoopConfig, migrate_config
 from attn.training.metrics_log import MetricsWriter
-from attn.training.step import step_key as _step_key
+from attn.training.run import Run
 from attn.training.step import train_step  # noqa: F401  (re-exported: attn.training.train_step)
-from attn.training.step import train_steps
 from attn.training.task import SECTIONS, Task, application_of, check_section_names, get_task
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Run:
-  """What a training run holds, in three parts: what `setup` builds (the task, its configs and
-  data, the model, optimizer and their state, the mesh), how far training has come
-  (`progress`: what checkpoints save with the state) and whether a model feature was switched
-  on since the last checkpoint (`switch`)."""
-  workdir: str
-  task: Task
-  tc: LoopConfig  # the task's train section (Task.train_config)
-  mc: object
-  bundle: object
-  model: object
-  optimizer: object
-  graphdef: object
-  state: object
-  mesh: object = None  # ("data", "model") Mesh the state and batches live on; None = default device
-  shardings: object = None  # per-leaf NamedSharding of `state` (distributed.state_shardings)
-  rows: object = None  # distributed.RowShard: the rows of each global batch this process reads
-  donate: bool = False  # the train step donates the old state (train_and_evaluate; not setup(),
-  #                       so a benchmark can call the step on run.state again)
-  records: object = None  # resume.Records: config.json and model.json, written at the first save
-  progress: Progress = dataclasses.field(default_factory=Progress)
-  switch: resume.Switch = dataclasses.field(default_factory=resume.Switch)
-
-  def step_fn(self, compiler_options: dict | None = None):
-    """The jitted train step of `device_batch`'s batches (the task's loss options bound; XLA
-    `compiler_options`, None: the task's, `Task.compiler_options`): the state keeps its
-    shardings (replicated, or the vocabulary matrices over "model"), the rows are split over
-    "data", the metrics replicated."""
-    fn = functools.partial(train_step, self.task, self.graphdef,
-                           **self.task.loss_options(self.tc))
-    if compiler_options is None:
-      compiler_options = self.task.compiler_options(self.tc, self.mc)
-    kw = dict(donate_argnums=(0,) if self.donate else (), compiler_options=compiler_options)
-    if self.mesh is not None:
-      rep = distributed.replicated(self.mesh)
-      kw.update(in_shardings=(self.shardings, distributed.batch_sharding(self.mesh), rep),
-                out_shardings=(self.shardings, rep))
-    return jax.jit(fn, **kw)
-
-  def steps_fn(self):
-    """The jitted `train_steps` (train.steps_per_call): (state, the steps' device batches
-    stacked on a leading axis (`device_batches`), seed, first step) -> (state, the last step's
-    metrics), with the step's shardings and options."""
-    fn = functools.partial(train_steps, self.task, self.graphdef,
-                           **self.task.loss_options(self.tc))
-    kw = dict(donate_argnums=(0,) if self.donate else (),
-              compiler_options=self.task.compiler_options(self.tc, self.mc))
-    if self.mesh is not None:
-      rep = distributed.replicated(self.mesh)
-      kw.update(in_shardings=(self.shardings, distributed.stacked_batch_sharding(self.mesh), rep,
-                              rep), out_shardings=(self.shardings, rep))
-    return jax.jit(fn, **kw)
-
-  def device_batches(self, batches) -> dict | None:
-    """Host batches of consecutive steps as one stacked global batch ([n, rows, ...] arrays),
-    or None when their shapes differ (buckets): those steps then run one by one."""
-    local = [self.task.device_batch(b) for b in batches]
-    shapes = {tuple((k, np.shape(v)) for k, v in sorted(b.items())) for b in local}
-    if len(shapes) > 1:
-      return None
-    stacked = {k: np.stack([b[k] for b in local]) for k in local[0]}
-    if self.mesh is None:
-      return jax.device_put(stacked)
-    return jax.device_put(stacked, distributed.stacked_batch_sharding(self.mesh))
-
-  def device_batch(self, batch) -> dict:
-    """A host batch (this process's rows: `rows`) as the global arrays the step takes."""
-    batch = self.task.device_batch(batch)
-    if self.mesh is None:
-      return batch
-    return distributed.global_batch(batch, self.mesh, self.rows)
-
-  @functools.cached_property
-  def state_loss_fn(self):
-    """jit of (state, global batch) -> (summed loss, tokens, summed NLL), replicated: the loss
-    of the current parameters on a training batch, without dropout, with the task's loss options
-    (`Task.loss_options`), computed over the mesh like the step. One program serves the
-    divergence check before a save and an application's figures of the final parameters."""
-    options = self.task.loss_options(self.tc)
-
-    def loss(state, batch):
-      model, _ = nnx.merge(self.graphdef, state)
-      return self.task.loss(model, batch, **options)
-    return jax.jit(loss, **({} if self.mesh is None
-                            else {"out_shardings": distributed.replicated(self.mesh)}))
-
-  def step_key(self, step: int):
-    """The dropout key of `step`: a function of the seed and the step only, so a resumed run
-    draws the same masks as an uninterrupted one and no two steps share a mask. Replicated over
-    the mesh, where there is one."""
-    seed, step = np.int32(self.tc.seed + 1), np.int32(step)
-    if self.mesh is None:
-      return _step_key(seed, step)
-    sharding = distributed.replicated(self.mesh)
-    if jax.process_count() > 1:  # every process's key, placed as one global array
-      return distributed.place(_step_key(seed, step), sharding)
-    return _step_key(seed, step, sharding=sharding)
 
 
 def validate_config(config, task: Task | str = "translate") -> LoopConfig:
@@ -313,42 +211,33 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
         log.info(f"evaluating step {p.step}, whose evaluation was interrupted")
         _evaluate(run, ckpt, writer, guard)
-      while (not spent and p.step < tc.steps
+      stopped = False
+      while (not (spent or stopped) and p.step < tc.steps
              and (stop_after is None or p.step - step_start < stop_after)):
         n = _steps_this_call(run, step_start, stop_after)
         hosts = [next(it) for _ in range(n)]
         stacked = run.device_batches(hosts) if n > 1 else None
-        if stacked is None:  # one step a call
-          stop = False
-          for host in hosts:
-            batch = run.device_batch(host)
-            key = run.step_key(p.step)
-            ntok = run.task.train_tokens(run.bundle, tc, p.step)  # the global batch's, everywhere
-            # Ctrl-C is held while the step runs: it donates the old state, so an interrupt
-            # raised before the new state and its step count are assigned would leave nothing
-            # to save.
-            with guard.step():
-              run.state, last, p.step = (*step_fn(run.state, batch, key), p.step + 1)
-            p.train_tokens += ntok
-            timing.steps += 1
-            timing.tokens += ntok
-            stop = _after_step(run, ckpt, writer, timing, last, batch, guard)
-            if stop:
-              break
-          if stop:
+        # n steps as one call; one step a call (steps_per_call 1, or batches of other shapes)
+        groups = [(hosts, stacked)] if stacked is not None else [([h], None) for h in hosts]
+        for group, batches in groups:
+          k = len(group)
+          if batches is None:
+            fn, args = step_fn, (run.device_batch(group[0]), run.step_key(p.step))
+          else:
+            steps_fn = steps_fn or run.steps_fn()
+            fn, args = steps_fn, (batches, np.int32(tc.seed + 1), np.int32(p.step))
+          # the global batches' tokens, everywhere
+          ntok = sum(run.task.train_tokens(run.bundle, tc, p.step + j) for j in range(k))
+          # Ctrl-C is held while the call runs: it donates the old state, so an interrupt raised
+          # before the new state and its step count are assigned would leave nothing to save.
+          with guard.step():
+            (run.state, last), p.step = fn(run.state, *args), p.step + k
+          p.train_tokens += ntok
+          timing.steps += k
+          timing.tokens += ntok
+          stopped = _after_step(run, ckpt, writer, timing, last, group[-1], guard)
+          if stopped:
             break
-          continue
-        steps_fn = steps_fn or run.steps_fn()
-        ntok = sum(run.task.train_tokens(run.bundle, tc, p.step + j) for j in range(n))
-        with guard.step():
-          run.state, last = steps_fn(run.state, stacked, np.int32(tc.seed + 1), np.int32(p.step))
-          p.step += n
-        p.train_tokens += ntok
-        timing.steps += n
-        timing.tokens += ntok
-        # (the last step's batch: what the divergence check evaluates the new parameters on)
-        if _after_step(run, ckpt, writer, timing, last, run.device_batch(hosts[-1]), guard):
-          break
   except KeyboardInterrupt:
     _save_on_interrupt(run, ckpt, last)
     raise
@@ -371,8 +260,9 @@ def _steps_this_call(run: Run, step_start: int, stop_after) -> int:
 
 
 def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,
-                batch, guard: InterruptGuard | None = None) -> bool:
-  """What follows step run.progress.step (`last`: its metrics, `batch`: its global batch): the
+                host_batch, guard: InterruptGuard | None = None) -> bool:
+  """What follows step run.progress.step (`last`: its metrics, `host_batch`: its batch as the
+  task gave it, placed on the devices only for the divergence check before a save): the
   progress line, the evaluation and the saves that are due (each save with Ctrl-C held by
   `guard`). True when train.max_wall_s stops training."""
   p = run.progress
@@ -394,7 +284,8 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
     timing.close_segment(run)
     if eval_now or save_now:
       # The step's loss is of the parameters before it; what is about to be saved is after.
-      check_divergence(run, {**m, "loss": loss_after_step(run, batch)}, ckpt)
+      check_divergence(run, {**m, "loss": loss_after_step(run, run.device_batch(host_batch))},
+                       ckpt)
     if log_now:
       rate = timing.tokens / max(timing.s, 1e-9)
       p.window_rates.append(rate)

@@ -33,13 +33,12 @@ def train_step(task: Task, graphdef, state, batch, key, **loss_options):
 
 def train_steps(task: Task, graphdef, state, batches, seed, start, **loss_options):
   """len(batches) optimizer steps as one scan: `batches` holds the steps' batches stacked on a
-  leading axis; step start + j draws the key `step_key(seed, start + j)` would give it. Returns
-  (state, the last step's metrics)."""
+  leading axis; step start + j draws `step_key(seed, start + j)`, the key a call of its own
+  gives it. Returns (state, the last step's metrics)."""
 
   def one(state, inputs):
     batch, j = inputs
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), start + j)
-    return train_step(task, graphdef, state, batch, key, **loss_options)
+    return train_step(task, graphdef, state, batch, step_key(seed, start + j), **loss_options)
 
   n = jax.tree.leaves(batches)[0].shape[0]
   state, metrics = jax.lax.scan(one, state, (batches, jnp.arange(n, dtype=jnp.int32)))
