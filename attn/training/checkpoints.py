@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 
 import jax
@@ -75,12 +76,20 @@ class Checkpoints:
     attn.training.averaging); best/ holds one."""
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     self.ocp = ocp
-    opts = lambda n: ocp.CheckpointManagerOptions(max_to_keep=n, create=True,
-                                                  enable_async_checkpointing=False)
-    self.latest_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.latest = ocp.CheckpointManager(self.latest_dir, options=opts(keep))
-    self.best = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "best"),
-                                      options=opts(1))
+    self.workdir = os.path.abspath(workdir)
+    self.latest_dir = os.path.join(self.workdir, "checkpoints")
+    self.latest = ocp.CheckpointManager(self.latest_dir, options=self._options(keep))
+
+  def _options(self, keep: int):
+    return self.ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             enable_async_checkpointing=False)
+
+  @functools.cached_property
+  def best(self):
+    """best/'s manager, made when first asked for: a run with no eval split never is, and a
+    manager costs a tenth of a second of a reader's few seconds (its threads, its directory)."""
+    return self.ocp.CheckpointManager(os.path.join(self.workdir, "best"),
+                                      options=self._options(1))
 
   def _committed_steps(self) -> list[int]:
     """Steps whose save completed, read from disk (a failed save leaves only a -tmp directory)."""
@@ -140,7 +149,7 @@ class Checkpoints:
   def close(self):
     """Stops orbax's threads. Never raises: it runs on the way out, possibly behind an error
     already being reported (a failed save), which must stay the one that is shown."""
-    for manager in (self.latest, self.best):
+    for manager in (self.latest, self.__dict__.get("best")):
       with contextlib.suppress(Exception):
         manager.close()
 
