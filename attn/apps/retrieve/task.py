@@ -100,7 +100,9 @@ class RetrieveTrainConfig(LoopConfig):
   warmup_steps: int = option(0, "unused: the learning rate is constant")
   log_every: int = option(250, "steps between progress lines and train metrics")
   eval_every: int = option(1500, "unused: a run has no eval split (its final model is measured)")
-  checkpoint_every: int = option(500, "steps between checkpoints (for resuming)")
+  checkpoint_every: int = option(1500, "steps between checkpoints (for resuming; the last step "
+                                 "and Ctrl-C always save, and a model trains its 1500 steps in "
+                                 "seconds)")
   steps_per_call: int = option(50, "optimizer steps per compiled call (most models' steps take "
                                "less time than a call of its own costs)")
   retrieval_loss: float = option(1.0, "Weight of the gold-passage loss (0: end to end only).")
