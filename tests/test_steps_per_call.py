@@ -10,6 +10,7 @@ from flax import nnx
 import attn.apps  # noqa: F401  (registers the built-in applications)
 from attn import training
 from attn.apps.focus import sweep as focus
+from attn.common import compile_cache
 from attn.data import stories
 from attn.errors import ConfigError
 from attn.training import loop
@@ -100,3 +101,20 @@ def test_a_run_stopped_between_calls_resumes_to_the_uninterrupted_run(tmp_path):
 def test_steps_per_call_below_one_is_refused():
   with pytest.raises(ConfigError, match="train.steps_per_call=0 must be >= 1"):
     loop.validate_config(_focus_config(steps_per_call=0), "focus")
+
+
+def test_the_loss_program_compiled_ahead_is_the_one_the_divergence_check_calls(tmp_path):
+  """Run.compile_state_loss (started by the loop where several steps run a call) fills
+  state_loss_fn's cache: the call after it compiles nothing and gives the loss a program
+  compiled on the spot gives."""
+  compile_cache.count_compiles()
+  run = training.setup(_focus_config(), str(tmp_path), task="focus")
+  host = next(run.task.train_batches(run.bundle, run.tc, 0))
+  batch = run.device_batch(host)
+  before = compile_cache.stats().programs
+  run.compile_state_loss(host).join()
+  assert compile_cache.stats().programs == before + 1
+  ahead = run.state_loss_fn(run.state, batch)
+  assert compile_cache.stats().programs == before + 1  # the call compiled nothing
+  fresh = jax.jit(lambda state, batch: run.task.loss(nnx.merge(run.graphdef, state)[0], batch))
+  np.testing.assert_allclose(np.asarray(ahead), np.asarray(fresh(run.state, batch)), rtol=1e-6)

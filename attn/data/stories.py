@@ -102,6 +102,7 @@ class Vocab:
   def __init__(self, words):
     self.words = list(SPECIAL_TOKENS) + sorted(set(words) - set(SPECIAL_TOKENS))
     self.ids = {w: i for i, w in enumerate(self.words)}
+    self._encoded = {}  # text -> ids: generated stories repeat a few hundred sentences
 
   @classmethod
   def for_config(cls, config: StoryConfig) -> "Vocab":
@@ -113,7 +114,10 @@ class Vocab:
     return len(self.words)
 
   def encode(self, text: str) -> list[int]:
-    return [self.ids.get(w, UNK) for w in tokenize(text)]
+    ids = self._encoded.get(text)
+    if ids is None:
+      ids = self._encoded[text] = tuple(self.ids.get(w, UNK) for w in tokenize(text))
+    return list(ids)
 
   def unknown(self, text: str) -> list[str]:
     """The words of `text` that are not in the vocabulary (each once, in order)."""

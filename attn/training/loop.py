@@ -200,7 +200,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   step_start = p.step
   it = run.task.train_batches(run.bundle, tc, p.step,
                               None if run.rows is None else run.rows.select)
-  timing, last = _Timing(time.time()), None
+  timing, last, ahead = _Timing(time.time()), None, None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, in _after_step.)
   spent = bool(tc.max_wall_s) and p.wall_s >= tc.max_wall_s
@@ -217,6 +217,8 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         n = _steps_this_call(run, step_start, stop_after)
         hosts = [next(it) for _ in range(n)]
         stacked = run.device_batches(hosts) if n > 1 else None
+        if stacked is not None and ahead is None:
+          ahead = run.compile_state_loss(hosts[-1])
         # n steps as one call; one step a call (steps_per_call 1, or batches of other shapes)
         groups = [(hosts, stacked)] if stacked is not None else [([h], None) for h in hosts]
         for group, batches in groups:
@@ -241,6 +243,9 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   except KeyboardInterrupt:
     _save_on_interrupt(run, ckpt, last)
     raise
+  finally:
+    if ahead is not None:
+      ahead.join()
   jax.block_until_ready(run.state)
   p.wall_s += time.time() - timing.t_seg
   return last

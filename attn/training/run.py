@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import threading
 
 import jax
 import numpy as np
@@ -19,6 +21,7 @@ from attn.training.step import step_key as _step_key
 from attn.training.step import train_step, train_steps
 from attn.training.task import Task
 
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Run:
@@ -106,6 +109,25 @@ class Run:
       return self.task.loss(model, batch, **options)
     return jax.jit(loss, **({} if self.mesh is None
                             else {"out_shardings": distributed.replicated(self.mesh)}))
+
+  def compile_state_loss(self, batch) -> threading.Thread:
+    """Starts compiling `state_loss_fn` for the state and host batch `batch`'s device shapes in
+    a thread of its own, and returns the thread (join it before the run ends). The loop calls it
+    where several steps run a call: a small model's step leaves a core idle, and its loss program,
+    first needed at the first save, is then compiled beside the steps instead of after them."""
+    fn = self.state_loss_fn  # made here: the thread only compiles it
+    abstract = lambda tree: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    args = abstract(self.state), abstract(self.device_batch(batch))
+
+    def compile_():
+      try:
+        fn.lower(*args).compile()  # fills fn's cache: its first call does not compile again
+      except Exception as e:  # pylint: disable=broad-except  (the first call compiles and raises)
+        log.debug(f"compiling the loss program ahead failed: {e}")
+    thread = threading.Thread(target=compile_, name="compile-state-loss", daemon=True)
+    thread.start()
+    return thread
 
   def step_key(self, step: int):
     """The dropout key of `step`: a function of the seed and the step only, so a resumed run
