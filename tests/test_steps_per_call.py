@@ -103,12 +103,20 @@ def test_steps_per_call_below_one_is_refused():
     loop.validate_config(_focus_config(steps_per_call=0), "focus")
 
 
-def test_the_loss_program_compiled_ahead_is_the_one_the_divergence_check_calls(tmp_path):
+@pytest.mark.parametrize("on_mesh", [True, False])
+def test_the_loss_program_compiled_ahead_is_the_one_the_divergence_check_calls(tmp_path,
+                                                                               on_mesh):
   """Run.compile_state_loss (started by the loop where several steps run a call) fills
-  state_loss_fn's cache: the call after it compiles nothing and gives the loss a program
-  compiled on the spot gives."""
+  state_loss_fn's cache, on a mesh or on the default device (host batches then reach the call
+  as numpy): the call after it compiles nothing and gives the loss a program compiled on the
+  spot gives."""
   compile_cache.count_compiles()
-  run = training.setup(_focus_config(), str(tmp_path), task="focus")
+  if on_mesh:
+    run = training.setup(_focus_config(), str(tmp_path), task="focus")
+  else:
+    cfg, task = _focus_config(), loop.get_task("focus")
+    run = loop.build_run(cfg, str(tmp_path), task, loop.validate_config(cfg, task))
+    assert run.mesh is None
   host = next(run.task.train_batches(run.bundle, run.tc, 0))
   batch = run.device_batch(host)
   before = compile_cache.stats().programs

@@ -116,8 +116,11 @@ class Run:
     where several steps run a call: a small model's step leaves a core idle, and its loss program,
     first needed at the first save, is then compiled beside the steps instead of after them."""
     fn = self.state_loss_fn  # made here: the thread only compiles it
+    # Without a mesh the call's arguments are uncommitted (the default device's state, a numpy
+    # batch), and so must the abstract ones be, or jit keys the call apart and compiles again.
+    placed = lambda x: None if self.mesh is None else x.sharding
     abstract = lambda tree: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=placed(x)), tree)
     args = abstract(self.state), abstract(self.device_batch(batch))
 
     def compile_():
