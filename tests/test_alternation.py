@@ -44,7 +44,8 @@ def test_rounds_run_every_command_in_every_checkout_in_order(tmp_path):
 def test_workdir_is_fresh_and_removed_and_env_is_added(tmp_path):
   log = tmp_path / "log"
   checkouts = _checkouts(tmp_path, "one")
-  command = f"test -d {{workdir}} && test -z \"$(ls {{workdir}})\" && echo {{workdir}} $MARK >> {log}"
+  command = (f"test -d {{workdir}} && test -z \"$(ls {{workdir}})\" "
+             f"&& echo {{workdir}} $MARK >> {log}")
   alternation.alternate({"c": command}, checkouts, 2, env={"MARK": "seen"},
                         say=lambda *a, **k: None)
   lines = log.read_text().split("\n")[:-1]
