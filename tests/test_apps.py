@@ -67,7 +67,7 @@ def test_the_builtin_applications_are_registered_with_their_tasks():
   assert BUILTIN <= set(apps.APPS.names())
   for name, app in apps.APPS.items():
     assert app.module == f"experiments.{name}"
-    # (resolving a task named as "module:Class" checks it against the Task contract)
+    # (calling a task's loader, on first use, checks the class against the Task contract)
     assert missing_members(app.task_class, launchable=app.launchable) == [], name
     if app.launchable:  # the task declares its own first score, which no other task reports
       firsts = [a.scores[0] for n, a in apps.APPS.items() if a.launchable and n != name]

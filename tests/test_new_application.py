@@ -254,14 +254,10 @@ def test_a_task_missing_a_member_is_refused_when_it_is_registered():
   assert str(e.value) == (f"the task {Unfinished.__qualname__} of {ENTRY} lacks evaluate, "
                           "uniform_loss, columns (the Task contract: attn/training/task.py)")
   assert "\n" not in str(e.value)
-  # A task named as "module:Class" is checked when it is first imported.
-  globals()["Unfinished"] = Unfinished
-  try:
-    lazy = apps.App(ENTRY, "unfinished", task=f"{__name__}:Unfinished", launchable=False)
-    with pytest.raises(TypeError, match=r"lacks evaluate, uniform_loss \(the Task contract"):
-      lazy.task_class  # pylint: disable=pointless-statement
-  finally:
-    del globals()["Unfinished"]
+  # A task given by a loader function is checked when the loader is first called.
+  lazy = apps.App(ENTRY, "unfinished", task=lambda: Unfinished, launchable=False)
+  with pytest.raises(TypeError, match=r"lacks evaluate, uniform_loss \(the Task contract"):
+    lazy.task_class  # pylint: disable=pointless-statement
   assert apps.App(ENTRY, "finished", task=SortedTask).task_class is SortedTask
 
 
@@ -323,3 +319,13 @@ def test_launch_sweeps_the_application_and_a_bad_name_is_one_line_before_anythin
             f"--workdir={tmp_path / 'bad_sweep'}", "--sweep=model.score=dot,nope"], pythonpath)
   assert p.returncode == 2 and "unknown model.score 'nope'" in p.stderr, p.stderr[-3000:]
   assert not (tmp_path / "bad_sweep" / "score=dot").exists()
+
+
+def test_a_task_named_by_a_string_is_refused_with_the_form_the_registry_takes():
+  """The registry imports no application: a task or diagnosis named as "module:Class" (the old
+  form) is refused when the entry is made, naming what to give instead."""
+  from attn import apps  # pylint: disable=import-outside-toplevel
+  for field in ("task", "diagnose"):
+    with pytest.raises(TypeError, match=rf"{ENTRY}: App.{field} must be a class or a function "
+                                        "of no arguments that imports and returns it"):
+      apps.App(ENTRY, "named", **{field: "attn.apps.translate.task:TranslationTask"})

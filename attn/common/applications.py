@@ -9,7 +9,6 @@ sits above them (`attn.apps`, imported by the entry points and the tests) fills 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 
@@ -24,19 +23,19 @@ class App:
 
   module: the entry point `python -m` runs (e.g. "experiments.translate").
   doc: one line for listings.
-  task: its task class (an `attn.training.Task` subclass), or "package.module:Class" to import
-    it when first asked for, so that listing applications imports no model code. Either way the
-    class is checked against the Task contract (attn.training.Task.missing_members: one
-    TypeError line naming what it lacks) when the entry is made, or when the string is first
-    resolved.
+  task: its task class (an `attn.training.Task` subclass), or a function of no arguments that
+    imports and returns it, defined in the application's package: listing applications then
+    imports no model code, and this layer never imports an application. Either way the class is
+    checked against the Task contract (attn.training.Task.missing_members: one TypeError line
+    naming what it lacks) when the entry is made, or when the function is first called.
   launchable: launch.py starts it: it trains in --workdir from --config=FILE:PRESET, resumes,
     and leaves results.json, whose fields the task declares (`Task.scores`, `figures`,
     `nested`, `metrics`).
   results_file: the file a finished run leaves in its workdir (how the run tools recognise a run
     of an application that launch.py does not start).
-  diagnose: `experiments.diagnose`'s hook for a finished run of this application,
-    `diagnose(settings: DiagnoseSettings, out: str) -> (report path, plot paths, table)` (or
-    "package.module:function"); None: the sequence-to-sequence diagnosis.
+  diagnose: a function of no arguments that imports and returns `experiments.diagnose`'s hook
+    for a finished run of this application, `diagnose(settings: DiagnoseSettings, out: str) ->
+    (report path, plot paths, table)`; None: the sequence-to-sequence diagnosis.
   """
   module: str
   doc: str = ""
@@ -46,18 +45,23 @@ class App:
   results_file: str = "results.json"
 
   def __post_init__(self):
-    if isinstance(self.task, type):  # (a string is checked when it is first resolved)
+    for name in ("task", "diagnose"):
+      value = getattr(self, name)
+      if value is not None and not callable(value):
+        raise TypeError(f"{self.module}: App.{name} must be a class or a function of no "
+                        f"arguments that imports and returns it, got {value!r}")
+    if isinstance(self.task, type):  # (a loader's class is checked when it is first called)
       _check_task(self)
 
   @property
   def task_class(self) -> type:
-    """The task class (imported on first use when `task` names it)."""
-    return _check_task(self) if isinstance(self.task, str) else self.task
+    """The task class (its loader called, and the class checked, on first use)."""
+    return self.task if isinstance(self.task, type) else _check_task(self)
 
   @property
   def diagnose_fn(self):
-    """The diagnosis hook (imported on first use), or None."""
-    return _resolve(self.diagnose)
+    """The diagnosis hook (imported by its loader), or None."""
+    return None if self.diagnose is None else self.diagnose()
 
   # What a finished run's results.json holds, as its task declares it.
   @property
@@ -90,21 +94,13 @@ def _check_task(entry: App) -> type:
   """The entry's task class when it fulfils the Task contract; else a TypeError, one line naming
   the task, the application's entry point and every member it is missing. The class says what
   it lacks (`attn.training.Task.missing_members`), so this layer imports no task code."""
-  cls = _resolve(entry.task)
+  cls = entry.task if isinstance(entry.task, type) else entry.task()
   gaps = getattr(cls, "missing_members", None) if isinstance(cls, type) else None
   missing = gaps(launchable=entry.launchable) if gaps else ["attn.training.Task as its base class"]
   if missing:
     raise TypeError(f"the task {getattr(cls, '__qualname__', cls)} of {entry.module} lacks "
                     f"{', '.join(missing)} (the Task contract: attn/training/task.py)")
   return cls
-
-
-def _resolve(ref):
-  """`ref` itself, or the object a "package.module:name" string names (imported now)."""
-  if isinstance(ref, str):
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-  return ref
 
 
 APPS: Registry[App] = Registry("application", error=ConfigError)

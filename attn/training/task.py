@@ -10,8 +10,8 @@ attn.training.seq2seq_task. `get_task(name)` finds the task of a registered appl
 The contract, in one place: what a task must supply is abstract here (the methods) or listed in
 `REQUIRED` (the class attributes); everything else has a shared default. The application
 registry (attn.common.applications) refuses a class that leaves any of it out
-(`Task.missing_members`), in one line naming what is missing, when an application is registered with its task class, and when a task named
-as "package.module:Class" is first imported.
+(`Task.missing_members`), in one line naming what is missing, when an application is registered
+with its task class, and when the function that imports a lazily named task is first called.
 
 What the loop reads of the objects a task returns: the data section (`data_config`) has
 `batch_size` (and `tokens_per_batch` where batches are sized by tokens; 0, fixed sizes, when it

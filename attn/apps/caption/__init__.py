@@ -3,5 +3,13 @@ Entry point: experiments/caption.py."""
 
 from attn.common.applications import APPS, App
 
+
+def _task():
+  """The task class, imported when first asked for (listing applications imports no model
+  code)."""
+  from attn.apps.caption.task import CaptionTask  # pylint: disable=import-outside-toplevel
+  return CaptionTask
+
+
 APPS.add("caption", App("experiments.caption", "image captioning: attention over image regions",
-                        task="attn.apps.caption.task:CaptionTask"))
+                        task=_task))

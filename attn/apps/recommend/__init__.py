@@ -3,7 +3,21 @@ self-attention against mean-pooling and a GRU. Entry point: experiments/recommen
 
 from attn.common.applications import APPS, App
 
+
+def _task():
+  """The task class, imported when first asked for (listing applications imports no model
+  code)."""
+  from attn.apps.recommend.task import RecommendTask  # pylint: disable=import-outside-toplevel
+  return RecommendTask
+
+
+def _diagnose():
+  """`experiments.diagnose`'s hook, imported when first asked for."""
+  from attn.apps.recommend.diagnosis import diagnose_workdir
+  return diagnose_workdir
+
+
 APPS.add("recommend", App("experiments.recommend",
                           "next-item recommendation: self-attention, mean-pooling, GRU",
-                          task="attn.apps.recommend.task:RecommendTask",
-                          diagnose="attn.apps.recommend.diagnosis:diagnose_workdir"))
+                          task=_task,
+                          diagnose=_diagnose))

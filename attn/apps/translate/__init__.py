@@ -3,5 +3,13 @@ chrF, exact match and gold-alignment scores. Entry point: experiments/translate.
 
 from attn.common.applications import APPS, App
 
+
+def _task():
+  """The task class, imported when first asked for (listing applications imports no model
+  code)."""
+  from attn.apps.translate.task import TranslationTask  # pylint: disable=import-outside-toplevel
+  return TranslationTask
+
+
 APPS.add("translate", App("experiments.translate", "seq2seq translation",
-                          task="attn.apps.translate.task:TranslationTask"))
+                          task=_task))
