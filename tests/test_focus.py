@@ -288,3 +288,23 @@ def test_a_diverging_reader_is_stopped_by_the_loops_guard_and_no_results_are_wri
                              verbose=False)
   assert not (tmp_path / focus.RESULTS_FILE).exists()
   assert not (tmp_path / focus.params_file("sparsemax")).exists()
+
+
+def test_the_batch_rows_are_the_former_compiled_chunks_draws_and_resume_reads_the_same():
+  """Step s draws randint(fold_in(fold_in(fold_in(PRNGKey(seed), 1), c), s - c), (B,), 0, N)
+  with c = s // 250 * 250 (the stream of the compiled chunks of 250 steps the demo trained with
+  before it used the loop); a run resumed at any step reads the rows from there on."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from attn.apps.focus import task as focus_task  # pylint: disable=import-outside-toplevel
+  seed, B, N = 5, 3, 41
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+  rows = focus_task.batch_rows(N, B, seed, 0)
+  got = [next(rows) for _ in range(760)]
+  for s in (0, 1, 249, 250, 251, 499, 500, 759):
+    c = s // 250 * 250
+    want = jax.random.randint(jax.random.fold_in(jax.random.fold_in(key, c), s - c), (B,), 0, N)
+    np.testing.assert_array_equal(got[s], want)
+  for start in (1, 250, 263):
+    resumed = focus_task.batch_rows(N, B, seed, start)
+    for s in range(start, 760):
+      np.testing.assert_array_equal(next(resumed), got[s])

@@ -142,7 +142,7 @@ def load_pools(dc: RetrieveData) -> RetrieveBundle:
   return RetrieveBundle(dc, {"train": train, "test": test})
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(2, 3, 4), compiler_options=jitting.QUICK_COMPILE)
 def _chunk_draws(key, start, count: int, batch_size: int, num_questions: int):
   """(questions [count, batch_size], keys [count, 2]) of the first `count` steps of the chunk
   starting at step `start`: per step i, k1, k2 = split(fold_in(fold_in(key, start), i));
@@ -162,14 +162,10 @@ def step_draws(seed: int, steps: int, batch_size: int, num_questions: int, start
   chunk size is min(CHUNK, steps)) and the step."""
   key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
   chunk = min(CHUNK, steps)
-  step = start_step
-  while True:
-    start = step // chunk * chunk
-    rows, keys = (np.asarray(x) for x in _chunk_draws(key, start, chunk, batch_size,
-                                                      num_questions))
-    for i in range(step - start, chunk):
+  draw = lambda start: _chunk_draws(key, start, chunk, batch_size, num_questions)
+  for start, (rows, keys) in jitting.blocks_ahead(draw, start_step // chunk * chunk, chunk):
+    for i in range(max(start_step - start, 0), chunk):
       yield rows[i], keys[i]
-    step = start + chunk
 
 
 def question_losses(model, batch, key, retrieval_loss: float):
