@@ -44,6 +44,26 @@ def test_stats_subtract_and_summarize():
       "XLA compiled 3 programs in 2.0 s; 3 written to it")
 
 
+
+@pytest.mark.parametrize("threshold, expected", [(None, compile_cache.MIN_COMPILE_S),
+                                                 ("0.5", 0.5)])
+def test_enable_writes_programs_from_its_threshold_unless_jaxs_variable_is_set(
+    threshold, expected, tmp_path):
+  """A program that compiles in MIN_COMPILE_S or more is written (JAX's default second left a
+  small model's steps out of every rerun); JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS wins."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_COMPILATION_CACHE_DIR")}
+  if threshold is not None:
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = threshold
+  code = ("import sys, jax\nfrom attn.common import compile_cache\n"
+          "compile_cache.enable(sys.argv[1])\n"
+          "print(jax.config.jax_persistent_cache_min_compile_time_secs)")
+  p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "xla")], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=120, check=False)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert float(p.stdout.strip().splitlines()[-1]) == expected
+  assert 0.1 <= compile_cache.MIN_COMPILE_S < 1.0
+
 _PROGRAM = textwrap.dedent("""
     import json, sys
     from attn.common import compile_cache
