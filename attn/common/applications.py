@@ -2,8 +2,8 @@
 
 An application is a folder (`attn/apps/<name>/`) holding its task, model, data, diagnosis hooks
 and defaults; its package's `__init__` adds its `App` here. The registry sits below the shared
-layers (training loop, inspection, launching), which read it and never name an application; what
-sits above them (`attn.apps`, imported by the entry points and the tests) fills it.
+layers (training loop, inspection, launching), which read it and never name an application; the
+application packages above them fill it when the entry points and the tests import them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from attn.registry import Registry
 class App:
   """One application.
 
-  module: the entry point `python -m` runs (e.g. "experiments.translate").
+  module: the module of the entry point `python -m` runs.
   doc: one line for listings.
   task: its task class (an `attn.training.Task` subclass), or a function of no arguments that
     imports and returns it, defined in the application's package: listing applications then
@@ -33,8 +33,8 @@ class App:
     `nested`, `metrics`).
   results_file: the file a finished run leaves in its workdir (how the run tools recognise a run
     of an application that launch.py does not start).
-  diagnose: a function of no arguments that imports and returns `experiments.diagnose`'s hook
-    for a finished run of this application, `diagnose(settings: DiagnoseSettings, out: str) ->
+  diagnose: a function of no arguments that imports and returns the diagnosis hook for a
+    finished run of this application, `diagnose(settings: DiagnoseSettings, out: str) ->
     (report path, plot paths, table)`; None: the sequence-to-sequence diagnosis.
   """
   module: str
@@ -108,7 +108,7 @@ APPS: Registry[App] = Registry("application", error=ConfigError)
 
 def registry() -> Registry[App]:
   """`APPS`, once an application is registered in it; a RuntimeError while it is empty (nothing
-  imported `attn.apps`, which registers the built-in applications)."""
+  imported the package that registers the built-in applications, which the message names)."""
   if not APPS.names():
     raise RuntimeError("no application is registered: import attn.apps first (the entry points "
                        "and the tests do), or add one to attn.common.applications.APPS")
@@ -161,7 +161,7 @@ def app_of_workdir(workdir: str) -> str | None:
 
 
 def not_a_run_of(workdir: str, tool: str) -> str | None:
-  """The one-line refusal of `tool` (e.g. "python -m experiments.inspect") for a workdir that
+  """The one-line refusal of `tool` (the command a user ran) for a workdir that
   holds a run of an application it does not read, or None."""
   name = app_of_workdir(workdir)
   if name is None:

@@ -15,8 +15,9 @@ loaded by the program it was compiled from. Programs that compile in under MIN_C
 written (JAX's threshold, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, which wins where set):
 JAX's default second left out the programs of the small models' sweeps (a reader's 50 steps a
 call compile in 0.8-0.9 s, its loss in 0.4-0.5 s), which then compiled in every rerun, while
-loading them takes a few hundredths; op-by-op programs (well under 0.1 s each) stay out. Nor does JAX keep a program that calls back into Python (the Transformer decoder's
-cache-overrun check): those compile in every process.
+loading them takes a few hundredths; op-by-op programs (well under 0.1 s each) stay out. Nor
+does JAX keep a program that calls back into Python (the Transformer decoder's cache-overrun
+check): those compile in every process.
 
 Several processes share one directory (a sweep's runs, `launch --parallel`, the test suite's
 workers and subprocesses). JAX's file cache takes its lock (a `filelock` on `<dir>/.lockfile`)

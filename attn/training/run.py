@@ -23,6 +23,7 @@ from attn.training.task import Task
 
 log = logging.getLogger(__name__)
 
+
 @dataclasses.dataclass
 class Run:
   """What a training run holds, in three parts: what `setup` builds (the task, its configs and

@@ -12,7 +12,8 @@ def _task():
 
 
 def _diagnose():
-  """`experiments.diagnose`'s hook, imported when first asked for."""
+  """The diagnosis hook of a finished run, imported when first asked for."""
+  # pylint: disable-next=import-outside-toplevel
   from attn.apps.recommend.diagnosis import diagnose_workdir
   return diagnose_workdir
 
