@@ -8,12 +8,15 @@ split, beside the task's own score.
 Restores the run (its best checkpoint), decodes the split once per beam size (and beam search
 stop rule, --stops=bound,k_finished) untimed (compiling every batch shape), then times decoding
 the whole split for each (--rounds passes, round-robin), and prints and writes {"application",
-"score", "sentences", "load", "results": [{"beam_size", "stop", "decode_s", "sentences_per_s",
-<score>, "mean_words", "words_per_s", "compile_s"}, ...]}, where "score" names the task's own
-score (the first of its `scores`: bleu, rouge1, digit_accuracy) and each result holds it under
-that name. The flags are the fields of attn.benchmarks.decode_speed.Settings (defaults and help
-live there); a missing workdir, an unfinished run or a run whose task decodes nothing
-(recommend, retrieve, focus) exits with status 2 and one `error:` line.
+"score", "sentences", "load", "ceiling_gflop_per_s", "results": [{"beam_size", "stop",
+"decode_s", "sentences_per_s", <score>, "mean_words", "words_per_s", "compile_s", "matmul_gflop",
+"matmul_gflop_per_s", "percent_of_ceiling", "decode_s_at_ceiling"}, ...]}, where "score" names
+the task's own score (the first of its `scores`: bleu, rouge1, digit_accuracy) and each result
+holds it under that name; "matmul_gflop" is the work along the outputs (None where the model has
+no analytic count), and the ceiling is the bare matmul's in the run's compute dtype. The flags
+are the fields of attn.benchmarks.decode_speed.Settings (defaults and help live there); a
+missing workdir, an unfinished run or a run whose task decodes nothing (recommend, retrieve,
+focus) exits with status 2 and one `error:` line.
 """
 
 from absl import flags

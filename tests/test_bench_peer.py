@@ -346,3 +346,16 @@ def test_the_peer_runner_counts_steps_and_prepares_joeys_files(tmp_path):
   assert sorted(os.listdir(out)) == ["dev.de", "dev.en", "test.de", "test.en", "train.de",
                                      "train.en"]
   assert open(os.path.join(out, "dev.en")).read() == "val en\n"
+
+
+def test_the_decode_stages_line_says_the_share_of_the_ceiling_where_bench_decode_gave_it():
+  ours = {"score": "bleu", "sentences": 1000,
+          "results": [{"beam_size": 1, "decode_s": 2.9, "bleu": 13.58, "matmul_gflop": 254.4,
+                       "percent_of_ceiling": 42.4},
+                      {"beam_size": 5, "decode_s": 9.5, "bleu": 13.57, "matmul_gflop": None,
+                       "percent_of_ceiling": None}]}
+  line = ps.KINDS.get("decode").line
+  assert line(ps.KINDS.get("decode").read(ours)) == (
+      "beam 1 2.9 s, BLEU 13.58, matmuls at 42% of the ceiling; beam 5 9.5 s, BLEU 13.57")
+  assert line(ps.KINDS.get("decode").read(DECODE)) == (
+      "beam 1 25.0 s, BLEU 6.20; beam 5 44.0 s, BLEU 7.60")

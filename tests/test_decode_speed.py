@@ -144,7 +144,8 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
                                                                   tmp_path):
   out = tmp_path / "speed.json"
   s = decode_speed.Settings(workdir=smoke_bahdanau_workdir, beam_sizes=(1, 2),
-                            json_out=str(out), shrink_to=2, stops=("run", "k_finished"))
+                            json_out=str(out), shrink_to=2, stops=("run", "k_finished"),
+                            ceiling_sizes=(128,))
   record = decode_speed.run(s)
   assert json.loads(out.read_text()) == json.loads(json.dumps(record))
   with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
@@ -162,6 +163,13 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
     assert r["decode_s"] > 0 and r["compile_s"] >= 0
     assert r["sentences_per_s"] == pytest.approx(record["sentences"] / r["decode_s"])
     assert r["words_per_s"] == pytest.approx(r["mean_words"] * r["sentences_per_s"])
+    # the matmul work along the outputs (test_output_work_...), beam 2 twice greedy's at least
+    assert r["matmul_gflop_per_s"] == pytest.approx(r["matmul_gflop"] / r["decode_s"])
+    assert r["percent_of_ceiling"] == pytest.approx(
+        100 * r["matmul_gflop_per_s"] / record["ceiling_gflop_per_s"]["best"])
+  assert record["results"][1]["matmul_gflop"] > 1.5 * greedy["matmul_gflop"] > 0
+  assert record["ceiling_gflop_per_s"]["dtype"] == "float32"
+  assert len(record["ceiling_gflop_per_s"]["128"]) == 2  # before the timed passes and after
   run = loop.load_run(smoke_bahdanau_workdir)
   texts = evaluation.decode_split(run, "test", search=run.tc.search()).text
   assert greedy["mean_words"] == pytest.approx(
@@ -186,7 +194,7 @@ def test_bench_decode_scores_a_caption_run_by_its_tasks_own_score(tiny_caption_w
   its results.json holds, never by BLEU (it ended in KeyError: 'bleu')."""
   out = tmp_path / "speed.json"
   record = decode_speed.run(decode_speed.Settings(workdir=tiny_caption_workdir, beam_sizes=(1,),
-                                                  json_out=str(out)))
+                                                  json_out=str(out), ceiling_sizes=()))
   assert json.loads(out.read_text()) == json.loads(json.dumps(record))
   with open(os.path.join(tiny_caption_workdir, "results.json")) as f:
     results = json.load(f)
@@ -196,6 +204,8 @@ def test_bench_decode_scores_a_caption_run_by_its_tasks_own_score(tiny_caption_w
   assert results["beam_size"] == 1 and "bleu" not in greedy
   assert greedy[own] == pytest.approx(results[own])
   assert greedy["decode_s"] > 0 and record["sentences"] == 64
+  # the captioner's image encoder has no analytic count; no ceiling was asked for
+  assert greedy["matmul_gflop"] is None and record["ceiling_gflop_per_s"]["best"] is None
 
 
 class _Scored(TranslationTask):
@@ -328,6 +338,7 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
     ("shrink_to", -1, "--shrink_to must be >= 0, got -1"),
     ("beam_sizes", (0,), "--beam_sizes must be integers >= 1"),
     ("rounds", 0, "--rounds must be >= 1"),
+    ("ceiling_sizes", (1024, 0), r"--ceiling_sizes must be integers >= 1, got \[1024, 0\]"),
     ("split", "train", "--split must be test or eval"),
     ("stops", ("bound", "soon"), "--stops=bound,soon: each must be one of run, bound, "
                                  "k_finished"),
@@ -335,3 +346,40 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
 def test_bench_decode_settings_refuse_bad_values(field, value, says):
   with pytest.raises(ConfigError, match=says):
     decode_speed.Settings(workdir="w", **{field: value})
+
+
+@pytest.mark.parametrize("decoder", ["none", "bahdanau", "luong"])
+def test_output_work_is_the_traced_encoder_once_and_k_decoder_steps_per_token(decoder):
+  """bench_decode's matmul work along the outputs against the dot_generals of the traced model:
+  per example its encoder over the source once, and K rows of its decoding step for each token of
+  its output. Within 2%, as the train step's count (the analytic count leaves out the bridge to
+  the decoder's first state and counts the additive score's per-pair add, which is no matmul);
+  padding rows count nothing."""
+  from types import SimpleNamespace
+  from attn.models import cost
+  from attn.models.seq2seq import build_model
+  from tests.model_configs import model_config
+  mc = model_config(src_vocab=23, tgt_vocab=19, emb_dim=8, enc_hidden=12, dec_hidden=10,
+                    d_attn=9, dropout=0.0, decoder=decoder)
+  model = build_model(mc)
+  run = SimpleNamespace(mc=mc, model=model)
+  batch = {"example_id": np.array([0, 1, -1]), "src_lengths": np.array([3, 6, 2])}
+  outputs = SimpleNamespace(lengths=np.array([9, 5, 7]))
+  for K in (1, 3):
+    traced = 0
+    for ts, tt in ((3, 9), (6, 5)):
+      src, lengths = jnp.full((1, ts), 5, jnp.int32), jnp.array([ts], jnp.int32)
+      traced += cost.jaxpr_flops(model.initial_decode_state, src, lengths)
+      state = model.initial_decode_state(src, lengths)
+      traced += K * tt * cost.jaxpr_flops(model.step_fn(), state, jnp.array([5], jnp.int32))
+    assert decode_speed.output_work(run, [(batch, outputs)], K) == pytest.approx(traced, rel=0.02)
+  # a model that is not its architecture's own (the captioner's) is not counted
+  assert decode_speed.output_work(SimpleNamespace(mc=mc, model=object()), [], 1) is None
+
+
+def test_work_figures_are_the_rate_its_share_of_the_ceiling_and_the_time_at_it():
+  figures = decode_speed.work_figures(int(300e9), 3.0, 200.0)
+  assert figures == pytest.approx({"matmul_gflop": 300.0, "matmul_gflop_per_s": 100.0,
+                                   "percent_of_ceiling": 50.0, "decode_s_at_ceiling": 1.5})
+  assert decode_speed.work_figures(int(300e9), 3.0, None)["percent_of_ceiling"] is None
+  assert set(decode_speed.work_figures(None, 3.0, 200.0).values()) == {None}

@@ -17,6 +17,11 @@ batch as examples finish when `shrink_to` is set (the tokens are the same either
 beside each time is the task's own (the first of its `scores`: BLEU for translation, ROUGE-1 for
 summarization, digit accuracy for captioning), from the task's scoring of the decoded text as in
 the run's results.json; the record names it (`score`) and each result holds it under that name.
+Beside each time, the matmul work along the outputs (`output_work`: the encoder once an example
+and K decoder rows a step per output token, no padding; what any implementation of the model
+must multiply to emit those outputs) and the rate the pass did it at, against the bare-matmul
+ceiling in the run's compute dtype measured before the timed passes and after them (as
+bench_train reads its own): how far a decoding time is from what the CPU allows.
 A run of an application whose task decodes nothing (recommendation, retrieval, the focus demo)
 is refused before anything is loaded. Every figure goes with the load average.
 """
@@ -24,13 +29,14 @@ is refused before anything is loaded. Every figure goes with the load average.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
 import jax
 import numpy as np
 
-from attn.benchmarks import harness
+from attn.benchmarks import harness, train_throughput
 from attn.common import applications, files
 from attn.config.configurable import option
 from attn.decoding.beam import STOP_RULES
@@ -53,6 +59,9 @@ class Settings:
       ("run",), "Beam search stop rules to time, each with every beam size above 1: run (the "
       "run's own train.beam_stop), bound (exact) or k_finished (once K hypotheses have "
       "finished, as fairseq and JoeyNMT stop). Greedy has no stop rule: timed once.")
+  ceiling_sizes: tuple[int, ...] = option(
+      (1024, 2048), "n of the n x n bare-matmul ceiling in the run's compute dtype, measured "
+      "before the timed passes and after them (none: no ceiling)")
   attention: bool = option(False, "Also record each step's attention, as the run's test "
                            "decoding does for attention.npz (default: the outputs only, as the "
                            "evaluations during training decode; the same tokens).")
@@ -71,6 +80,8 @@ class Settings:
     if not self.stops or any(x not in known for x in self.stops):
       raise ConfigError(f"--stops={','.join(self.stops)}: each must be one of "
                         f"{', '.join(known)}")
+    if any(n < 1 for n in self.ceiling_sizes):
+      raise ConfigError(f"--ceiling_sizes must be integers >= 1, got {list(self.ceiling_sizes)}")
     if self.split not in ("test", "eval"):
       raise ConfigError(f"--split must be test or eval, got {self.split!r}")
 
@@ -117,12 +128,48 @@ def load(s: Settings, name: str):
   return run
 
 
-def timed_pass(run, role, search) -> float:
-  """Seconds to decode the whole split on the device (every output ready)."""
+def timed_pass(run, role, search):
+  """(seconds to decode the whole split on the device, every output ready; the [(host batch,
+  DecodeOutput)] it decoded)."""
   from attn.training import evaluation  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
-  jax.block_until_ready([res for _, res in evaluation.dispatch_split(run, role, search=search)])
-  return time.perf_counter() - t0
+  out = evaluation.dispatch_split(run, role, search=search)
+  jax.block_until_ready([res for _, res in out])
+  return time.perf_counter() - t0, out
+
+
+def output_work(run, decoded, beam_size: int) -> int | None:
+  """Matmul FLOPs of decoding `decoded`'s outputs ([(host batch, DecodeOutput)]) with no padding
+  and no finished rows: per example the encoder once over its source, and `beam_size` decoder
+  rows a step for as many steps as its output has tokens (EOS included), counted by the
+  architecture's analytic count of the teacher-forced forward (`cost.forward_flops`: at batch 1,
+  Ts the source's length; a decoding step does a teacher-forced step's products). A lower bound of
+  a search's work: it decodes padded batches, and beam search runs on until its stop rule. None
+  for a model that is not its architecture's own (the captioner's image encoder is not counted)."""
+  from attn.models import cost  # pylint: disable=import-outside-toplevel
+  mc = run.mc
+  if type(run.model) is not mc.architecture:  # pylint: disable=unidiomatic-typecheck
+    return None
+  flops = functools.lru_cache(maxsize=None)(lambda ts, tt: cost.forward_flops(mc, 1, ts, tt))
+  total = 0
+  for batch, res in decoded:
+    for example, ts, tt in zip(batch["example_id"], batch["src_lengths"], np.asarray(res.lengths)):
+      if example >= 0:  # not a padding row
+        encoder = flops(int(ts), 0)
+        total += encoder + beam_size * (flops(int(ts), int(tt)) - encoder)
+  return total
+
+
+def work_figures(flops: int | None, seconds: float, ceiling: float | None) -> dict:
+  """A result's matmul figures: the work along its outputs (`output_work`, GFLOP; None where not
+  counted), the rate the timed pass did it at, that rate as a percent of the same run's ceiling
+  and the seconds the work would take at the ceiling (None without a ceiling)."""
+  gflop = None if flops is None else flops / 1e9
+  at = lambda f: None if gflop is None or ceiling is None else f()
+  return {"matmul_gflop": gflop,
+          "matmul_gflop_per_s": None if gflop is None else gflop / seconds,
+          "percent_of_ceiling": at(lambda: 100.0 * gflop / seconds / ceiling),
+          "decode_s_at_ceiling": at(lambda: gflop / ceiling)}
 
 
 def run(s: Settings) -> dict:
@@ -155,28 +202,54 @@ def run(s: Settings) -> dict:
     words[key] = sum(len(t.split()) for t in hyps.text.values()) / max(n, 1)
     print(f"{label(*key)}: first pass (compiling) {first[key]:.1f} s, {score} "
           f"{scored[key]:.4g} (load {harness.loadavg()})")
-  times = {key: [] for key in searches}
+  dtype = run_.tc.compute_dtype
+  ceilings = {n: [] for n in s.ceiling_sizes}
+
+  def measure_ceiling():
+    for n in s.ceiling_sizes:
+      ceilings[n].append(train_throughput.matmul_ceiling(n, dtype))
+    if ceilings:
+      print(f"  ceiling: {dtype} " + ", ".join(f"{n}^2 {v[-1]:.0f}" for n, v in ceilings.items())
+            + f" GFLOP/s (load {harness.loadavg()})")
+
+  measure_ceiling()
+  times, work = {key: [] for key in searches}, {}
   for rnd in range(s.rounds):
     for key, search in searches.items():
-      times[key].append(timed_pass(run_, s.split, search))
+      seconds, decoded = timed_pass(run_, s.split, search)
+      times[key].append(seconds)
+      if key not in work:  # the same outputs every pass
+        work[key] = output_work(run_, decoded, key[0])
       print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
             f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
+  measure_ceiling()
+  # the best size's median, as bench_train reads its ceiling
+  ceiling = max((float(np.median(v)) for v in ceilings.values()), default=None)
   results = []
   for key, ts in times.items():
     t = float(np.median(ts))
     results.append({"beam_size": key[0], "stop": key[1], "decode_s": t, "sentences_per_s": n / t,
                     score: scored[key], "mean_words": words[key],
                     "words_per_s": words[key] * n / t,
-                    "compile_s": max(first[key] - t, 0.0), "decode_s_all": ts})
+                    "compile_s": max(first[key] - t, 0.0), "decode_s_all": ts,
+                    **work_figures(work[key], t, ceiling)})
   record = {"application": name, "score": score, "sentences": n, "split": s.split,
             "workdir": s.workdir, "compute_dtype": run_.tc.compute_dtype,
             "attention": s.attention, "shrink_to": s.shrink_to,
             "load": {"start": load_start, "end": harness.loadavg()},
+            "ceiling_gflop_per_s": {"dtype": dtype, "best": ceiling,
+                                    **{str(n): v for n, v in ceilings.items()}},
             "machine": machine, "results": results}
   for r in results:
     print(f"{label(r['beam_size'], r['stop'])}: {r['decode_s']:.2f} s for {n} sentences "
           f"({r['sentences_per_s']:.0f}/s), compile {r['compile_s']:.1f} s, {score} "
           f"{r[score]:.4g}")
+    if r["matmul_gflop"] is not None:
+      print(f"  matmul work along the outputs {r['matmul_gflop']:.1f} GFLOP: "
+            f"{r['matmul_gflop_per_s']:.1f} GFLOP/s"
+            + ("" if ceiling is None else
+               f", {r['percent_of_ceiling']:.0f}% of the {dtype} ceiling ({ceiling:.0f}); "
+               f"{r['decode_s_at_ceiling']:.2f} s at the ceiling"))
   print(f"load average at end: {record['load']['end']}")
   if s.json_out:
     files.write_json(s.json_out, record)

@@ -237,7 +237,10 @@ def _translate_line(f: dict) -> str:
 
 
 def _decode_line(f: dict) -> str:
-  return "; ".join(f"beam {k[4:]} {v['decode_s']:.1f} s, BLEU {v['bleu']:.2f}"
+  # bench_decode's records also say how much of the matmul ceiling the decoding's work ran at
+  share = lambda v: (f", matmuls at {v['percent_of_ceiling']:.0f}% of the ceiling"
+                     if "percent_of_ceiling" in v else "")
+  return "; ".join(f"beam {k[4:]} {v['decode_s']:.1f} s, BLEU {v['bleu']:.2f}{share(v)}"
                    for k, v in f.items() if k.startswith("beam"))
 
 
