@@ -172,6 +172,21 @@ def work_figures(flops: int | None, seconds: float, ceiling: float | None) -> di
           "decode_s_at_ceiling": at(lambda: gflop / ceiling)}
 
 
+def print_result(r: dict, label: str, record: dict) -> None:
+  """One result's lines: its time, compile time and score, then its matmul work and rate (and
+  their share of the ceiling, where one was measured)."""
+  score, ceiling = record["score"], record["ceiling_gflop_per_s"]
+  print(f"{label}: {r['decode_s']:.2f} s for {record['sentences']} sentences "
+        f"({r['sentences_per_s']:.0f}/s), compile {r['compile_s']:.1f} s, {score} "
+        f"{r[score]:.4g}")
+  if r["matmul_gflop"] is not None:
+    print(f"  matmul work along the outputs {r['matmul_gflop']:.1f} GFLOP: "
+          f"{r['matmul_gflop_per_s']:.1f} GFLOP/s"
+          + ("" if ceiling["best"] is None else
+             f", {r['percent_of_ceiling']:.0f}% of the {ceiling['dtype']} ceiling "
+             f"({ceiling['best']:.0f}); {r['decode_s_at_ceiling']:.2f} s at the ceiling"))
+
+
 def run(s: Settings) -> dict:
   """The benchmark: prints each figure with the load average and returns the JSON record
   (also written to s.json_out)."""
@@ -203,16 +218,8 @@ def run(s: Settings) -> dict:
     print(f"{label(*key)}: first pass (compiling) {first[key]:.1f} s, {score} "
           f"{scored[key]:.4g} (load {harness.loadavg()})")
   dtype = run_.tc.compute_dtype
-  ceilings = {n: [] for n in s.ceiling_sizes}
-
-  def measure_ceiling():
-    for n in s.ceiling_sizes:
-      ceilings[n].append(train_throughput.matmul_ceiling(n, dtype))
-    if ceilings:
-      print(f"  ceiling: {dtype} " + ", ".join(f"{n}^2 {v[-1]:.0f}" for n, v in ceilings.items())
-            + f" GFLOP/s (load {harness.loadavg()})")
-
-  measure_ceiling()
+  ceilings = train_throughput.Ceilings([dtype], s.ceiling_sizes)
+  ceilings.measure()
   times, work = {key: [] for key in searches}, {}
   for rnd in range(s.rounds):
     for key, search in searches.items():
@@ -222,9 +229,8 @@ def run(s: Settings) -> dict:
         work[key] = output_work(run_, decoded, key[0])
       print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
             f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
-  measure_ceiling()
-  # the best size's median, as bench_train reads its ceiling
-  ceiling = max((float(np.median(v)) for v in ceilings.values()), default=None)
+  ceilings.measure()
+  ceiling = ceilings.best(dtype)
   results = []
   for key, ts in times.items():
     t = float(np.median(ts))
@@ -238,18 +244,10 @@ def run(s: Settings) -> dict:
             "attention": s.attention, "shrink_to": s.shrink_to,
             "load": {"start": load_start, "end": harness.loadavg()},
             "ceiling_gflop_per_s": {"dtype": dtype, "best": ceiling,
-                                    **{str(n): v for n, v in ceilings.items()}},
+                                    **{str(n): v for n, v in ceilings.by_dtype[dtype].items()}},
             "machine": machine, "results": results}
   for r in results:
-    print(f"{label(r['beam_size'], r['stop'])}: {r['decode_s']:.2f} s for {n} sentences "
-          f"({r['sentences_per_s']:.0f}/s), compile {r['compile_s']:.1f} s, {score} "
-          f"{r[score]:.4g}")
-    if r["matmul_gflop"] is not None:
-      print(f"  matmul work along the outputs {r['matmul_gflop']:.1f} GFLOP: "
-            f"{r['matmul_gflop_per_s']:.1f} GFLOP/s"
-            + ("" if ceiling is None else
-               f", {r['percent_of_ceiling']:.0f}% of the {dtype} ceiling ({ceiling:.0f}); "
-               f"{r['decode_s_at_ceiling']:.2f} s at the ceiling"))
+    print_result(r, label(r["beam_size"], r["stop"]), record)
   print(f"load average at end: {record['load']['end']}")
   if s.json_out:
     files.write_json(s.json_out, record)

@@ -57,6 +57,37 @@ def matmul_ceiling(n: int, dtype_name: str) -> float:
   return harness.matmul_flops_per_second(n, dtype, accumulate=jnp.float32) / 1e9
 
 
+class Ceilings:
+  """The bare-matmul ceiling (GFLOP/s, `matmul_ceiling`) of each dtype at each size n, measured
+  anew at every `measure()` (before a benchmark's timed rounds and after them, so that a load
+  that came or went in between shows); `best` reads a dtype's best size's median."""
+
+  def __init__(self, dtypes, sizes):
+    self.sizes = tuple(sizes)
+    self.by_dtype = {d: {n: [] for n in self.sizes} for d in dtypes}
+
+  def measure(self) -> None:
+    """Measures every dtype at every size once, and prints them with the load average."""
+    if not self.sizes:
+      return
+    for d, per_size in self.by_dtype.items():
+      for n in self.sizes:
+        per_size[n].append(matmul_ceiling(n, d))
+    print("  ceiling: " + "; ".join(f"{d} " + ", ".join(f"{n}^2 {v[-1]:.0f}"
+                                                          for n, v in per_size.items())
+                                    for d, per_size in self.by_dtype.items())
+          + f" GFLOP/s (load {harness.loadavg()})")
+
+  def best(self, dtype: str) -> float | None:
+    """The best size's median (None when no size was measured)."""
+    return best_ceiling(self.by_dtype[dtype])
+
+
+def best_ceiling(per_size: dict) -> float | None:
+  """{n: [GFLOP/s, ...]} -> the best size's median (None for no sizes)."""
+  return max((float(np.median(v)) for v in per_size.values()), default=None)
+
+
 def with_compute_dtype(run, compute_dtype: str):
   """The run with a fresh model (same seed: same float32 parameters) whose matmuls run in
   `compute_dtype`, and its optimizer; its state placed as the run's is (its shardings), so that
@@ -122,17 +153,8 @@ def time_rounds(runs, steps, batches, s: Settings):
   ceiling (GFLOP/s) per run's dtype and size, each measured before the first and after the
   last round."""
   labels, key = list(runs), jax.random.PRNGKey(0)
-  dtypes = list(dict.fromkeys(r.tc.compute_dtype for r in runs.values()))
-  per_dtype = {d: {n: [] for n in s.ceiling_sizes} for d in dtypes}
-  ceilings = {lb: per_dtype[r.tc.compute_dtype] for lb, r in runs.items()}
-
-  def measure_ceiling():
-    for d in dtypes:
-      for n in s.ceiling_sizes:
-        per_dtype[d][n].append(matmul_ceiling(n, d))
-    print("  ceiling: " + "; ".join(f"{d} " + ", ".join(f"{n}^2 {per_dtype[d][n][-1]:.0f}"
-                                                          for n in s.ceiling_sizes)
-                                    for d in dtypes) + f" GFLOP/s (load {harness.loadavg()})")
+  measured = Ceilings(dict.fromkeys(r.tc.compute_dtype for r in runs.values()), s.ceiling_sizes)
+  ceilings = {lb: measured.by_dtype[r.tc.compute_dtype] for lb, r in runs.items()}
 
   times, states = {lb: [] for lb in labels}, {lb: r.state for lb, r in runs.items()}
   # One untimed pass over the batches per run: the first steps after compiling run several
@@ -140,7 +162,7 @@ def time_rounds(runs, steps, batches, s: Settings):
   for d in labels:
     for i, b in enumerate(batches):
       states[d], _ = harness.timed_call(steps[d], states[d], b, jax.random.fold_in(key, i))[0]
-  measure_ceiling()
+  measured.measure()
   toks = sum(float(b["tgt_lengths"].sum()) for b in batches)
   for rnd in range(s.rounds):
     for d in labels:
@@ -150,7 +172,7 @@ def time_rounds(runs, steps, batches, s: Settings):
       round_t = np.array(times[d][-len(batches):])
       print(f"  round {rnd + 1} {d}: median step {np.median(round_t):.3f} s, "
             f"{toks / round_t.sum():.0f} target tokens/s (load {harness.loadavg()})")
-  measure_ceiling()
+  measured.measure()
   return times, ceilings
 
 
@@ -181,7 +203,7 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
     t = np.array(t)
     rates[d] = toks.sum() / t.sum()
     gflops = analytic.sum() / t.sum() / 1e9
-    ceiling = max(float(np.median(v)) for v in ceilings[d].values())
+    ceiling = best_ceiling(ceilings[d])
     rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", f"{ceiling:.0f}",
                  f"{gflops / ceiling:.0%}", f"{rates[d] * ceiling / gflops:,.0f}"])
   table = markdown_table(["compute dtype", "median s/step", "target tokens/s",
