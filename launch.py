@@ -33,7 +33,9 @@ combinations end the launch with one `error:` line each and exit status 2; `--dr
 Each run is `python -m experiments.<experiment> --workdir=<dir>/<name> --config=...
 --config.<key>=<value> ...`; <name> is its axis settings, each key by its last component
 (`decoder=none,seed=0`), or where two axes share that, by the shortest dotted suffix that tells
-them apart (`enc_self.normalizer=sparsemax`, `cross.normalizer=sparsemax`). It is started by the launcher --launcher names (attn/launching/launchers.py):
+them apart (`enc_self.normalizer=sparsemax`, `cross.normalizer=sparsemax`); a value listed twice
+in one --sweep/--vary axis is refused, as a seed listed twice in --seeds is. It is started by the
+launcher --launcher names (attn/launching/launchers.py):
 `local` runs them as subprocesses of launch, --parallel at a time (with more than one, each run's
 output goes to <run dir>/launch.log); `slurm` submits them as one job array
 (<workdir>/slurm/sweep.sbatch, with --slurm_partition, --slurm_time, --slurm_cpus, --slurm_gpus,

@@ -382,6 +382,11 @@ def test_seed_table_reports_mean_std_over_seeds_and_n(tmp_path, fake, capsys):
     (["--seeds=0,1.5"], "'1.5' is not an integer"),
     (["--seeds=0,1", "--set=train.seed=3"], "--seeds sets train.seed: give either --seeds or"),
     (["--seeds=0,1", "--sweep=train.seed=1,2"], "--seeds sets train.seed"),
+    # A value listed twice planned two runs in one directory (n=4 from two seeds, a smaller std).
+    (["--seeds=0,1", "--sweep=model.rnn.decoder=none,none"],
+     "--sweep=model.rnn.decoder=none,none: value 'none' is listed twice"),
+    (["--vary=model.rnn.decoder=luong,bahdanau,luong"],
+     "--vary=model.rnn.decoder=luong,bahdanau,luong: value 'luong' is listed twice"),
     (["--launcher=pbs"], "--launcher=pbs: unknown launcher 'pbs'; known: local, slurm"),
     (["--slurm_partition=gpu"], "--slurm_partition applies to --launcher=slurm, not "
                                 "--launcher=local"),

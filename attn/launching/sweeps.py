@@ -43,12 +43,19 @@ def labels(keys) -> dict:
 
 
 def _axes(specs, flag):
-  """The parsed axes of `--sweep`/`--vary` specs; ConfigError (one line) for a key given twice."""
+  """The parsed axes of `--sweep`/`--vary` specs; ConfigError (one line) for a key given twice or
+  a value listed twice in one axis (two runs would share one directory, and with --seeds the
+  table would count each seed twice)."""
   axes, seen = [], set()
-  for key, values in map(parse_axis, specs):
+  for spec in specs:
+    key, values = parse_axis(spec)
     if key in seen:
       raise ConfigError(f"--{flag} {key} is given twice: list all its values in one --{flag}")
     seen.add(key)
+    # Values compare as written, like seeds: `1e-3` and `0.001` are two runs.
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+      raise ConfigError(f"--{flag}={spec}: value {twice!r} is listed twice")
     axes.append((key, values))
   return axes
 
