@@ -65,8 +65,8 @@ test-slow: $(STAMP)
 # gpu_check_out/.
 # `make gpu-check GPU_CHECK_ARGS=--dry_run` runs the same flow on CPU in interpret mode.
 GPU_CHECK_ARGS ?=
-gpu-check:
-	python -m experiments.gpu_check --out=gpu_check_out $(GPU_CHECK_ARGS)
+gpu-check: $(STAMP)
+	$(BIN)/python -m experiments.gpu_check --out=gpu_check_out $(GPU_CHECK_ARGS)
 
 # The peer for the speed sitting (python -m experiments.bench_peer): JoeyNMT and torch in their own
 # environment, .peer-venv/ (~6 GB), never a dependency of the project.
