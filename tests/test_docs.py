@@ -225,8 +225,8 @@ def test_license_matches_setup_cfg_and_citation_cff_has_the_required_keys():
   assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(cff["date-released"]))
 
 
-def test_the_readmes_bfloat16_sentence_the_additive_scores_projections_stay_float32():
-  """README.md: with compute_dtype=bfloat16 the layers' matmuls take bfloat16 operands, while the
+def test_the_bfloat16_sentence_the_additive_scores_projections_stay_float32():
+  """docs/experiments.md ("Faster per core"): with compute_dtype=bfloat16 the layers' matmuls take bfloat16 operands, while the
   additive score's W q and U k (the Bahdanau preset's attention) stay float32 x float32."""
   import jax
   import jax.numpy as jnp

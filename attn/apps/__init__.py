@@ -2,8 +2,10 @@
 
 Each package adds one `App` to `APPS` (attn.common.applications, the registry the shared layers
 read) when imported; importing this package registers the built-in ones, as the entry points
-(experiments/, launch.py) and the tests do. A package's `__init__` imports nothing heavy: the
-task class is named as a string and imported when first used.
+(experiments/, launch.py) and the tests do. A package's `__init__` imports nothing heavy: it
+gives its task (and a diagnosis hook, where it has one) as a function of no arguments that
+imports and returns the class, called when first used (a string is refused: `App` takes a class
+or such a function).
 
 - `translate`: seq2seq translation (RNN and Transformer) on text corpora and the built-in tasks;
 - `summarize`: summarization (attention, pointer-generator, coverage; ROUGE);
