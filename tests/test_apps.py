@@ -12,6 +12,7 @@ import pytest
 from attn import apps, training
 from attn.launching import entry_points
 from attn.training.seq2seq_task import Seq2SeqTask
+from attn.training import workdir as workdir_lib
 from attn.training.task import missing_members
 from experiments.configs import translate as translate_config
 
@@ -154,6 +155,38 @@ def test_a_workdir_of_another_application_is_refused_before_anything_is_written(
   assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
   assert f"holds a {held} run; a {module.split('.')[1]} run would overwrite its files" in lines[0]
   assert sorted(os.listdir(tmp_path)) == before  # no data cache, vocabulary or record written
+
+
+@pytest.mark.parametrize("text,wrong", [
+    ('["translate"]', "holds a JSON list, not an object naming the application"),
+    ('"translate"', "holds a JSON string, not an object naming the application"),
+    ('{"application": ', "is not valid JSON"),
+    ('{"app": "translate"}', "has no application name (application=None)"),
+])
+def test_a_broken_application_record_is_one_line_naming_the_file(tmp_path, text, wrong):
+  # Before: a list or string raised AttributeError ('list' object has no attribute 'get') in
+  # every training entry point; invalid JSON was taken as no record and overwritten.
+  (tmp_path / "application.json").write_text(text)
+  path = str(tmp_path / "application.json")
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    workdir_lib.claim(str(tmp_path), "translate")
+  assert str(e.value).startswith(f"{path} {wrong}"), e.value
+  assert os.listdir(tmp_path) == ["application.json"]
+  assert (tmp_path / "application.json").read_text() == text  # left as it was
+
+
+def test_a_list_in_application_json_ends_the_entry_point_in_one_line(tmp_path):
+  (tmp_path / "application.json").write_text("[]")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-m", "experiments.translate",
+                      "--config=experiments/configs/translate.py:smoke", f"--workdir={tmp_path}"],
+                     cwd=repo, capture_output=True, text=True, timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  assert lines[0] == (f"error: {tmp_path / 'application.json'} holds a JSON list, not an object "
+                      'naming the application, {"application": "<name>"}: fix it, or delete it '
+                      "if the workdir holds no run")
+  assert os.listdir(tmp_path) == ["application.json"]
 
 
 @pytest.mark.parametrize("module", ["experiments.retrieve", "experiments.focus"])

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 
 from attn.common import applications
@@ -61,11 +62,44 @@ def prepare(workdir: str) -> str:
 def recorded_application(workdir: str) -> str | None:
   """The application whose run `workdir` holds: its application.json, else (a run written before
   that record) the one its finished results name (attn.common.applications: results.json's or
-  metrics.jsonl's scores, or an application's own results file); None for a new workdir."""
-  record = read_json(os.path.join(workdir, APPLICATION_RECORD))
-  if record and record.get("application"):
-    return record["application"]
+  metrics.jsonl's scores, or an application's own results file); None for a new workdir.
+  WorkdirError for an application.json that does not name one (`_application_record`)."""
+  held = _application_record(os.path.join(workdir, APPLICATION_RECORD))
+  if held is not None:
+    return held
   return applications.app_of_records(workdir) or applications.app_of_workdir(workdir)
+
+
+def _application_record(path: str) -> str | None:
+  """The application application.json at `path` names; None when there is no such file.
+
+  A record that is there but unreadable, not JSON, or not an object naming the application is a
+  WorkdirError (one line naming the file and what is wrong): guessing would either overwrite
+  another application's run or refuse this one's for a reason the user cannot see. (write_json
+  replaces it atomically, so a run killed mid-write never leaves it cut short.)"""
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except FileNotFoundError:
+    return None
+  except (OSError, UnicodeDecodeError) as e:
+    raise WorkdirError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+  expected = 'an object naming the application, {"application": "<name>"}'
+  try:
+    record = json.loads(text)
+  except ValueError as e:
+    raise WorkdirError(f"{path} is not valid JSON ({e}); it should hold {expected}: fix it, or "
+                       "delete it if the workdir holds no run") from None
+  if not isinstance(record, dict):
+    kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(record), "number")
+    raise WorkdirError(f"{path} holds a JSON {kind}, not {expected}: fix it, or delete it if "
+                       "the workdir holds no run")
+  name = record.get("application")
+  if not isinstance(name, str) or not name:
+    raise WorkdirError(f"{path} has no application name (application={name!r}); it should hold "
+                       f"{expected}: fix it, or delete it if the workdir holds no run")
+  return name
 
 
 def claim(workdir: str, application: str) -> None:
