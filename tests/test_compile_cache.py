@@ -3,6 +3,7 @@ what the first compiled, with the same results (a bare program, then a whole tra
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -229,3 +230,73 @@ def test_the_suite_compiles_with_xlas_elemental_cpu_emitters():
   if "--xla_cpu_use_fusion_emitters" not in flags:
     pytest.skip("this jaxlib's XLA does not know --xla_cpu_use_fusion_emitters")
   assert "--xla_cpu_use_fusion_emitters=false" in flags
+
+
+# Root writes into a chmod-555 directory: a real read-only directory needs a process without
+# CAP_DAC_OVERRIDE, which setpriv gives a root shell (its other privileges kept).
+_NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+           "--inh-caps=-dac_override,-dac_read_search"]
+
+
+def _can_drop_dac() -> bool:
+  return shutil.which("setpriv") is not None and os.geteuid() == 0
+
+
+@pytest.mark.parametrize("blocked", ["read_only_directory", "lock_path_is_a_directory"])
+def test_a_directory_the_process_cannot_write_is_no_cache(blocked, tmp_path):
+  """A cache it cannot write would have every compile try (and fail, or wait on) its lock: the
+  process runs without it, with one warning line, and JAX is never given the directory."""
+  cache = tmp_path / "xla"
+  cache.mkdir()
+  prefix = []
+  if blocked == "read_only_directory":
+    if not _can_drop_dac():
+      pytest.skip("needs root and setpriv to make a directory this process cannot write "
+                  "(lock_path_is_a_directory checks the same behaviour)")
+    cache.chmod(0o555)
+    prefix = _NO_DAC
+  else:
+    (cache / ".lockfile").mkdir()  # no process can open it as the lock, root included
+  env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  code = _PROGRAM.replace("print(json.dumps({", "print(json.dumps({'jax_dir': "
+                          "jax.config.jax_compilation_cache_dir, ")
+  p = subprocess.run(prefix + [sys.executable, "-c", code, str(cache)], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300, check=False)
+  assert p.returncode == 0, p.stderr[-2000:]
+  out = json.loads(p.stdout.strip().splitlines()[-1])
+  assert out["dir"] is None and out["jax_dir"] is None  # JAX never tries the lock
+  assert out["loaded"] == out["written"] == 0
+  warnings = [l for l in p.stderr.splitlines() if "cache" in l]
+  assert len(warnings) == 1, p.stderr[-2000:]
+  assert warnings[0].startswith(f"warning: the compilation cache {cache} cannot be written (")
+  assert "running without it" in warnings[0]
+  assert sorted(q.name for q in cache.iterdir()) == ([] if prefix else [".lockfile"])
+
+
+def test_a_cut_short_entry_is_replaced_and_only_real_writes_are_counted(tmp_path):
+  """An entry whose bytes were cut short, its access time intact, does not decompress: the
+  next process removes it (one warning line), compiles and writes it again, and counts as
+  written exactly the entries it wrote; the process after it loads every entry quietly."""
+  cache = tmp_path / "xla"
+  first = _program(str(cache), tmp_path)
+  (chain,) = [q for q in cache.iterdir() if q.name.startswith("jit_chain-")
+              and q.name.endswith("-cache")]
+  whole = chain.read_bytes()
+  chain.write_bytes(whole[:len(whole) // 2])
+  before = {q.name: (q.stat().st_mtime_ns, q.stat().st_size) for q in cache.glob("*-cache")}
+  p = _run_program(str(cache), tmp_path)
+  assert p.returncode == 0, p.stderr[-2000:]
+  second = json.loads(p.stdout.strip().splitlines()[-1])
+  assert "Error reading persistent compilation cache" not in p.stderr, p.stderr[-2000:]
+  damaged = [l for l in p.stderr.splitlines() if "damaged" in l]
+  assert len(damaged) == 1 and chain.name[:-len("-cache")] in damaged[0], p.stderr[-2000:]
+  after = {q.name: (q.stat().st_mtime_ns, q.stat().st_size) for q in cache.glob("*-cache")}
+  rewritten = [n for n in after if before.get(n) != after[n]]
+  assert rewritten == [chain.name] and second["written"] == 1
+  assert chain.stat().st_size == len(whole)
+  assert second["out"] == first["out"] and second["loaded"] == first["written"] - 1
+  third = _run_program(str(cache), tmp_path)
+  assert third.returncode == 0 and "cache" not in third.stderr, third.stderr[-2000:]
+  out = json.loads(third.stdout.strip().splitlines()[-1])
+  assert out["loaded"] == first["written"] and out["written"] == 0 and out["out"] == first["out"]

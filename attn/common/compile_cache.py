@@ -30,7 +30,17 @@ lock. An entry left short by a killed process fails to decompress and is compile
 JAX writes an entry's bytes, then its access time (`<key>-atime`, beside `<key>-cache`); a write
 cut between the two (a full disk, a kill) leaves an entry with no access time, and JAX's eviction
 scan, which every later write runs, then fails on it: no process writes to that directory again,
-and each compile prints a warning. `enable` removes such entries first (`repair`).
+and each compile prints a warning. `enable` removes such entries first (`repair`). An entry
+whose bytes were cut short with its access time intact fails to decompress when it is read: the
+cache this module gives JAX (`_CheckedCache`) checks every entry it reads, removes one that does
+not decompress (one warning line) and lets the compile that follows write it again; JAX alone
+would warn and compile it in every later process, never replacing it. That cache also counts
+the entries it writes: JAX's own event fires before its write, also when another process's
+entry already stands there and nothing is written.
+A directory this process cannot write (a shared read-only cache, another user's) is no cache:
+every read and write would first try to create its lock, and fail or wait; `enable` tries to
+create a file there and the lock, and where either fails runs without the cache, with one
+warning line saying why.
 The price of the limit: every write scans the directory (JAX sizes it for eviction), so the cost
 of a write grows with the entries. Programs of a second or more stay in the thousands within
 MAX_BYTES; a threshold of 0 with op-by-op work writes tens of thousands of tiny programs, and a
@@ -42,6 +52,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
+import tempfile
 import threading
 
 ENV = "ATTN_COMPILE_CACHE"
@@ -104,15 +116,23 @@ class CompileStats:
 _stats = CompileStats()
 _lock = threading.Lock()
 _listening = False
+# Whether writes are counted by _CheckedCache, where they happen, rather than by JAX's event,
+# which fires before its write whether or not the write happens (module docstring).
+_counting_writes = False
 
 
 def _on_event(event: str, **_):
-  if event in (_HIT_EVENT, _WRITE_EVENT):
+  if event == _HIT_EVENT or (event == _WRITE_EVENT and not _counting_writes):
     with _lock:
       if event == _HIT_EVENT:
         _stats.loaded += 1
       else:
         _stats.written += 1
+
+
+def _count_write():
+  with _lock:
+    _stats.written += 1
 
 
 def _on_duration(event: str, seconds: float, **_):
@@ -161,10 +181,89 @@ def repair(directory: str, timeout_s: float = 10.0) -> list[str]:
   return cut
 
 
+def unwritable(directory: str) -> str | None:
+  """Why this process cannot keep a cache in `directory`, or None when it can: it creates (and
+  removes) a file there, and opens the cache's lock file as JAX's lock does. Trying beats asking
+  (os.access): root passes every permission check, yet not a read-only mount or a lock path
+  that is a directory."""
+  try:
+    fd, probe = tempfile.mkstemp(prefix=".probe-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
+    os.close(os.open(os.path.join(directory, ".lockfile"), os.O_RDWR | os.O_CREAT, 0o644))
+  except OSError as e:
+    return f"{type(e).__name__}: {e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+  return None
+
+
+def _intact(value: bytes) -> bool:
+  """Whether a cache entry's bytes decompress (an entry cut short does not)."""
+  from jax._src import compilation_cache as jax_cache  # pylint: disable=import-outside-toplevel
+  try:
+    jax_cache.decompress_executable(value)
+  except Exception:  # pylint: disable=broad-except  # zstandard and zlib raise their own errors
+    return False
+  return True
+
+
+def _checked_cache_class():
+  """_CheckedCache: JAX's LRU file cache, which removes an entry that does not decompress when
+  it reads it (JAX then compiles and writes it again) and counts the entries it writes (module
+  docstring). Defined on first use: importing this module imports no jax."""
+  from jax._src import lru_cache  # pylint: disable=import-outside-toplevel
+
+  class _CheckedCache(lru_cache.LRUCache):
+
+    def _entry(self, key: str) -> pathlib.Path:
+      return pathlib.Path(str(self.path), key + _ENTRY)
+
+    def get(self, key: str) -> bytes | None:
+      value = super().get(key)
+      if value is None or _intact(value):
+        return value
+      with self.lock.acquire(timeout=self.lock_timeout_secs):
+        self._entry(key).unlink(missing_ok=True)
+        pathlib.Path(str(self.path), key + _ACCESS_TIME).unlink(missing_ok=True)
+      print(f"warning: compilation cache entry {key} in {self.path} was damaged (it does not "
+            "decompress): removed, compiling it again", file=sys.stderr)
+      return None
+
+    def put(self, key: str, value: bytes) -> None:
+      with self.lock.acquire(timeout=self.lock_timeout_secs):  # reentrant: put takes it again
+        stood = self._entry(key).exists()
+        super().put(key, value)
+        if not stood and self._entry(key).exists():
+          _count_write()
+
+  return _CheckedCache
+
+
+def _use_checked_cache() -> None:
+  """Has JAX build its file cache as a _CheckedCache (it builds it at its first compilation,
+  from its settings, through `get_file_cache`); idempotent."""
+  global _counting_writes
+  from jax._src import compilation_cache as jax_cache  # pylint: disable=import-outside-toplevel
+  if getattr(jax_cache.get_file_cache, "checked", False):
+    return
+  from jax import config  # pylint: disable=import-outside-toplevel
+  original, cls = jax_cache.get_file_cache, _checked_cache_class()
+
+  def get_file_cache(path):
+    if config.jax_compilation_cache_check_contents or config.jax_compilation_cache_max_size == -1:
+      return original(path)  # JAX's verifying cache, or no lock: left as JAX builds it
+    global _counting_writes  # pylint: disable=global-statement
+    _counting_writes = True
+    return cls(path, max_size=config.jax_compilation_cache_max_size), path
+
+  get_file_cache.checked = True
+  jax_cache.get_file_cache = get_file_cache
+
+
 def enable(directory: str | None = None) -> str | None:
   """Turns the persistent cache on in `directory` (default: `configured_dir()`) and starts the
-  count; returns the directory, or None when the cache stays off. Call before the first
-  compilation; JAX reads the setting when it first compiles."""
+  count; returns the directory, or None when the cache stays off (also where the directory
+  cannot be written: one warning line says why). Call before the first compilation; JAX reads
+  the setting when it first compiles."""
   import jax  # pylint: disable=import-outside-toplevel
   count_compiles()
   directory = configured_dir() if directory is None else directory
@@ -174,7 +273,13 @@ def enable(directory: str | None = None) -> str | None:
     os.makedirs(directory, exist_ok=True)
   except OSError:
     return None  # a read-only home: run without the cache rather than fail
+  why = unwritable(directory)
+  if why:
+    print(f"warning: the compilation cache {directory} cannot be written ({why}): running "
+          f"without it (set {ENV}=off, or to a directory this user can write)", file=sys.stderr)
+    return None
   repair(directory)
+  _use_checked_cache()
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)  # the lock (module docstring)
   if not os.environ.get(_MIN_COMPILE_ENV):
