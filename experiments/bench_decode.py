@@ -15,8 +15,9 @@ the task's own score (the first of its `scores`: bleu, rouge1, digit_accuracy) a
 holds it under that name; "matmul_gflop" is the work along the outputs (None where the model has
 no analytic count), and the ceiling is the bare matmul's in the run's compute dtype. The flags
 are the fields of attn.benchmarks.decode_speed.Settings (defaults and help live there); a
-missing workdir, an unfinished run or a run whose task decodes nothing (recommend, retrieve,
-focus) exits with status 2 and one `error:` line.
+missing workdir, an unfinished run, a run whose task decodes nothing (recommend, retrieve,
+focus) or a --json_out it cannot write (checked before anything runs) exits with status 2 and
+one `error:` line.
 """
 
 from absl import flags

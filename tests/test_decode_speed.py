@@ -348,6 +348,26 @@ def test_bench_decode_settings_refuse_bad_values(field, value, says):
     decode_speed.Settings(workdir="w", **{field: value})
 
 
+@pytest.mark.parametrize("where, says", [
+    ("missing/out.json", "no directory .*missing to write it in"),
+    (".", "is a directory; name the file to write"),
+])
+def test_bench_decode_refuses_a_json_out_it_cannot_write_before_running(tmp_path, where, says):
+  """The record is written after the whole benchmark: a path it cannot be written to is one
+  `error:` line before anything runs (the workdir is not even looked at)."""
+  json_out = tmp_path / where
+  with pytest.raises(ConfigError, match=f"--json_out={json_out}: {says}"):
+    decode_speed.Settings(workdir="w", json_out=str(json_out))
+  done = subprocess.run([sys.executable, "-m", "experiments.bench_decode",
+                         f"--workdir={tmp_path / 'no_such_run'}", f"--json_out={json_out}"],
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 2, done.stderr
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --json_out=") and says.split()[-1] in \
+      lines[0], lines
+  assert decode_speed.Settings(workdir="w", json_out=str(tmp_path / "out.json")).json_out
+
+
 @pytest.mark.parametrize("decoder", ["none", "bahdanau", "luong"])
 def test_output_work_is_the_traced_encoder_once_and_k_decoder_steps_per_token(decoder):
   """bench_decode's matmul work along the outputs against the dot_generals of the traced model:

@@ -51,7 +51,8 @@ class Settings:
   split: str = option("test", "The split to decode: test or eval.")
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes to time (1 = greedy).")
   rounds: int = option(1, "Timed passes over the split per beam size, round-robin.")
-  json_out: str = option("", "Where to write the figures as JSON (none when empty).")
+  json_out: str = option("", "Where to write the figures as JSON (none when empty; its "
+                         "directory must exist, and the file is replaced atomically).")
   shrink_to: int = option(0, "Finished examples leave the batch, halving it down "
                           "to this many rows (0 = never, as the run's own decoding). The same "
                           "outputs; each halving is one more loop to compile.")
@@ -84,6 +85,22 @@ class Settings:
       raise ConfigError(f"--ceiling_sizes must be integers >= 1, got {list(self.ceiling_sizes)}")
     if self.split not in ("test", "eval"):
       raise ConfigError(f"--split must be test or eval, got {self.split!r}")
+    why = self.json_out and cannot_write_file(self.json_out)
+    if why:  # checked before the benchmark runs: its record is written only at the end
+      raise ConfigError(f"--json_out={self.json_out}: {why}")
+
+
+def cannot_write_file(path: str) -> str:
+  """Why a file cannot be written at `path` ('' when it can): it is a directory, or its
+  directory is missing, not a directory, or not writable by this process."""
+  if os.path.isdir(path):
+    return "is a directory; name the file to write"
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    return f"no directory {directory} to write it in"
+  if not os.access(directory, os.W_OK | os.X_OK):
+    return f"{directory} is not writable"
+  return ""
 
 
 def decoding_applications() -> list[str]:
