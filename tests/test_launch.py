@@ -214,6 +214,11 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
     (["--sweep=model.rnn.scope=window", "--set=model.rnn.half_width=-1"],
      r"model\.rnn\.half_width must be positive, got -1"),
     (["--set=data.vocab_size=3"], r"^error: data config: vocab_size=3 leaves no room for a word"),
+    # Before: a misspelt task passed --dry_run and was refused inside the run, after the workdir
+    # had its .lock and application.json.
+    (["--set=data.task=revers"],
+     r"^error: unknown data\.task 'revers'; known: copy, dates, jsonl, numbers, parallel_text, "
+     r"reverse, tfds$"),
 ])
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_bad_combinations_fail_before_anything_runs(tmp_path, fake, capsys, args, message,

@@ -22,11 +22,19 @@ MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 1
 _RENAMED = {"src_field": "source_field", "tgt_field": "target_field"}
 
 
+def _sources():
+  """The registry of `data.task`'s values (attn.data.base.SOURCES), filled by importing
+  attn.data.sources: only when a value is checked, since that module imports this one."""
+  from attn.data import base, sources  # noqa: F401  pylint: disable=import-outside-toplevel
+  return base.SOURCES
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Validated, immutable data settings: the one home of every data field and its default."""
   task: str = option(
-      "parallel_text", "copy | reverse | dates | numbers | parallel_text | jsonl | tfds")
+      "parallel_text", "copy | reverse | dates | numbers | parallel_text | jsonl | tfds",
+      names=_sources)
   dir: str = option(
       "", "parallel_text/jsonl: directory of <split>.<lang>[.gz] or <split>.jsonl[.gz]")
   src_lang: str = option("de", "parallel_text/tfds translation: source language (file suffix)")
