@@ -2,14 +2,20 @@
 its step once per shape, XLA option sets reach the compiler and are timed beside the defaults,
 and a bad option set is refused before anything is set up."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import pytest
 
 from attn import training
 from attn.benchmarks import train_throughput
+from attn.errors import ConfigError
 from attn.training.evaluation import device_batch
 from experiments.configs import translate as translate_config
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_YNN = '{"no_ynn": {"xla_cpu_experimental_ynn_fusion_type": ""}}'
 
 
@@ -67,3 +73,32 @@ def test_bench_times_each_option_set_beside_the_defaults(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "round 1 float32:" in out and "round 1 float32, no_ynn:" in out
   assert "compiled 1 bucket shapes x 2 runs" in out
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("steps", 0, "--steps must be >= 1, got 0"),
+    ("rounds", 0, "--rounds must be >= 1, got 0"),
+    ("ceiling_sizes", (1024, 0), r"--ceiling_sizes must be integers >= 1, got \[1024, 0\]"),
+])
+def test_bench_train_settings_refuse_what_would_time_nothing(field, value, says):
+  with pytest.raises(ConfigError, match=says):
+    train_throughput.Settings(**{field: value})
+
+
+def test_bench_train_refuses_a_bad_flag_in_one_line_before_any_setup(tmp_path):
+  done = subprocess.run([sys.executable, "-m", "experiments.bench_train", "--steps=0",
+                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True,
+                        text=True, check=False, timeout=120)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == ["error: --steps must be >= 1, got 0"]
+  assert not (tmp_path / "w").exists()
+
+
+def test_no_ceiling_sizes_time_the_steps_without_a_ceiling(tmp_path, capsys):
+  """An empty --ceiling_sizes measures no ceiling, as in bench_decode: the table says n/a
+  where a share of it would go."""
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(), workdir=str(tmp_path))
+  table = train_throughput.run(_smoke_config(), settings)
+  row = [l for l in table.splitlines() if l.startswith("| float32 |")]
+  assert len(row) == 1 and row[0].rstrip(" |").endswith("| n/a | n/a | n/a")
+  assert "ceiling:" not in capsys.readouterr().out

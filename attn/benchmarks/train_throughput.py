@@ -45,10 +45,21 @@ class Settings:
   rounds: int = option(2, "Round-robin rounds over the compute dtypes (and XLA option sets).")
   compute_dtypes: tuple[str, ...] = option((), "Compute dtypes to compare (float32,bfloat16); "
                                            "default: the config's train.compute_dtype.")
-  ceiling_sizes: tuple[int, ...] = option((1024, 2048), "n of the n x n bare-matmul ceiling.")
+  ceiling_sizes: tuple[int, ...] = option(
+      (1024, 2048), "n of the n x n bare-matmul ceiling, measured before the timed rounds and "
+      "after them (none: no ceiling, and no percent of it)")
   xla_options: str = option("", "XLA compile option sets timed beside XLA's defaults, for every "
                             "dtype, as JSON: {\"name\": {\"xla_option\": value, ...}, ...}.")
   workdir: str = option("workdirs/bench_train", "Vocabulary and data cache.")
+
+  def __post_init__(self):
+    # Checked before the config is set up: a step count of 0 or no rounds would time nothing.
+    if self.steps < 1:
+      raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+    if self.rounds < 1:
+      raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
+    if any(n < 1 for n in self.ceiling_sizes):
+      raise ConfigError(f"--ceiling_sizes must be integers >= 1, got {list(self.ceiling_sizes)}")
 
 
 def matmul_ceiling(n: int, dtype_name: str) -> float:
@@ -204,8 +215,10 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
     rates[d] = toks.sum() / t.sum()
     gflops = analytic.sum() / t.sum() / 1e9
     ceiling = best_ceiling(ceilings[d])
-    rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", f"{ceiling:.0f}",
-                 f"{gflops / ceiling:.0%}", f"{rates[d] * ceiling / gflops:,.0f}"])
+    at_ceiling = (["n/a"] * 3 if ceiling is None else  # --ceiling_sizes= measured none
+                  [f"{ceiling:.0f}", f"{gflops / ceiling:.0%}",
+                   f"{rates[d] * ceiling / gflops:,.0f}"])
+    rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", *at_ceiling])
   table = markdown_table(["compute dtype", "median s/step", "target tokens/s",
                           "GFLOP/s (matmul)", "ceiling GFLOP/s (same run, best n)",
                           "% of ceiling", "tokens/s at the ceiling"], rows)
