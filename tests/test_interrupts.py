@@ -98,3 +98,140 @@ def test_ctrl_c_during_a_periodic_save_lands_after_it(tmp_path, monkeypatch):
   saved = sorted(os.listdir(tmp_path / "checkpoints"))
   assert saved == ["2"], saved  # committed, no orbax-checkpoint-tmp left behind
   assert not (tmp_path / "results.json").exists()
+
+
+# ------------------------------------------------------------------ Ctrl-C while the loop trains
+# The cheapest application with an evaluation (recommend's tiny preset, 20 steps), five steps a
+# call: the calls end at 5, 10 (evaluated), 15 and 20.
+
+def _recommend(**train):
+  from experiments.configs import recommend as presets
+  config = presets.get_config("tiny")
+  config.train.update(dict(steps=20, log_every=100, eval_every=10, checkpoint_every=100,
+                           steps_per_call=5))
+  config.train.update(train)
+  return config
+
+
+def _train(workdir, config, *, ctrl_c_at=None, call_s=0.0):
+  """Trains `config` in `workdir` (from its latest checkpoint, if any) through the loop, with
+  Ctrl-C pressed inside the call that ends at step `ctrl_c_at` and each call taking at least
+  `call_s` seconds. Returns the run (KeyboardInterrupt propagates)."""
+  import time
+  import jax
+  from attn import training
+  run = training.setup(config, str(workdir), task="recommend")
+
+  def wrap(make, steps_of):
+    def made():
+      fn = make()
+
+      def call(state, batches, *args):
+        t0 = time.time()
+        out = jax.block_until_ready(fn(state, batches, *args))
+        time.sleep(max(0.0, call_s - (time.time() - t0)))
+        if run.progress.step + steps_of(batches) == ctrl_c_at:
+          _ctrl_c()  # held by the loop until the call has returned
+        return out
+      return call
+    return made
+  run.step_fn = wrap(run.step_fn, lambda batch: 1)
+  run.steps_fn = wrap(run.steps_fn, lambda batches: jax.tree.leaves(batches)[0].shape[0])
+  ckpt = training.Checkpoints(str(workdir))
+  try:
+    ckpt.restore(ckpt.latest, run)
+    training.train(run, ckpt, training.MetricsWriter(str(workdir), resumed_step=run.progress.step))
+  finally:
+    ckpt.close()
+  return run
+
+
+def _saved(workdir):
+  """The latest checkpoint's progress and state, as a resumed run restores them, and the tokens
+  of the steps before it (what its train_tokens must be)."""
+  from attn import training
+  run = training.setup(_recommend(), str(workdir), task="recommend")
+  ckpt = training.Checkpoints(str(workdir))
+  try:
+    assert ckpt.restore(ckpt.latest, run)
+  finally:
+    ckpt.close()
+  tokens = sum(run.task.train_tokens(run.bundle, run.tc, s) for s in range(run.progress.step))
+  return run.progress, run.state, tokens
+
+
+def _eval_steps(workdir):
+  import json
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r["step"] for r in map(json.loads, f) if r["split"] == "eval"]
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+  """A run Ctrl-C'd inside the call that ends at its evaluation step (10), each call at least
+  0.4 s: (workdir, the saved progress, the seconds train() ran, the tokens of steps 0-9)."""
+  import time
+  workdir = tmp_path_factory.mktemp("interrupted")
+  t0 = time.time()
+  with pytest.raises(KeyboardInterrupt):
+    _train(workdir, _recommend(), ctrl_c_at=10, call_s=0.4)
+  seconds = time.time() - t0
+  progress, _, tokens = _saved(workdir)
+  return workdir, progress, seconds, tokens
+
+
+def test_ctrl_c_in_the_call_that_reaches_an_evaluation_leaves_it_due(interrupted, tmp_path):
+  """The steps to 10 finished but its evaluation had not started: the checkpoint says it is due,
+  and the resumed run evaluates step 10 first, choosing the best as the uninterrupted twin does
+  (before, the resumed run evaluated only step 20)."""
+  workdir, progress, _, _ = interrupted
+  assert (progress.step, progress.eval_pending) == (10, True)
+  resumed = _train(workdir, _recommend())
+  twin = _train(tmp_path / "twin", _recommend())
+  assert _eval_steps(workdir) == _eval_steps(tmp_path / "twin") == [10, 20]
+  assert resumed.progress.best_step == twin.progress.best_step
+  assert resumed.progress.best_score == twin.progress.best_score
+  assert resumed.progress.train_tokens == twin.progress.train_tokens
+
+
+def test_ctrl_c_saves_the_training_time_since_the_last_progress_line(interrupted):
+  """No progress line, evaluation or save came before the Ctrl-C (log_every=100): the two calls
+  of at least 0.4 s each are still counted in the saved wall_s (before, 0.0), and no more than
+  the time train() ran; the tokens of the interrupted call are counted with its steps."""
+  _, progress, seconds, tokens = interrupted
+  assert 0.8 <= progress.wall_s <= seconds
+  assert progress.train_tokens == tokens
+
+
+def test_ctrl_c_that_spends_the_time_budget_leaves_its_steps_evaluation_due(tmp_path):
+  """The first call (at least 0.4 s) passes train.max_wall_s=0.3 and is Ctrl-C'd: its time is
+  saved, so the resumed run trains no further, and it evaluates step 5 first, as the twin that
+  the budget stopped at step 5 does."""
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path / "run", _recommend(max_wall_s=0.3), ctrl_c_at=5, call_s=0.4)
+  progress, _, _ = _saved(tmp_path / "run")
+  assert (progress.step, progress.eval_pending) == (5, True) and progress.wall_s >= 0.4
+  resumed = _train(tmp_path / "run", _recommend(max_wall_s=0.3))
+  twin = _train(tmp_path / "twin", _recommend(max_wall_s=0.3), call_s=0.4)
+  assert resumed.progress.step == twin.progress.step == 5
+  assert _eval_steps(tmp_path / "run") == _eval_steps(tmp_path / "twin") == [5]
+
+
+def test_ctrl_c_after_the_run_diverged_keeps_the_last_good_checkpoint(tmp_path, caplog):
+  """Trained well to a checkpoint at step 10, then resumed at learning rate 1e38: the Ctrl-C
+  in the call to step 15 comes before any check of the loop, and the interrupt's own check
+  refuses to save the diverged state (before, step 15 was saved with non-finite parameters
+  and the good checkpoint dropped)."""
+  import jax
+  import numpy as np
+  _train(tmp_path, _recommend(checkpoint_every=10, steps=10))
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path, _recommend(learning_rate=1e38, warmup_steps=1), ctrl_c_at=15)
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert any(w.startswith("interrupted: training diverged at step 15")
+             and "the last checkpoint is step 10" in w for w in warnings), warnings
+  assert sorted(n for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()) == ["10"]
+  progress, state, _ = _saved(tmp_path)
+  assert progress.step == 10
+  assert all(np.isfinite(np.asarray(x, np.float64)).all() for x in jax.tree.leaves(state)
+             if jax.numpy.issubdtype(x.dtype, jax.numpy.floating))

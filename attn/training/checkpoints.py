@@ -59,7 +59,7 @@ class Progress:
                best_step=int(meta.get("best_step", step)),
                best_eval=dict(meta.get("best_eval", {})), wall_s=float(meta["wall_s"]),
                train_tokens=float(meta["train_tokens"]),
-               eval_pending=bool(meta.get("eval_pending", False)),  # interrupted in its eval
+               eval_pending=bool(meta.get("eval_pending", False)),  # Ctrl-C before its eval ended
                window_rates=list(window_rates))
 
 

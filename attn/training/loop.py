@@ -91,6 +91,7 @@ def setup(config, workdir, task: Task | str = "translate") -> Run:
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)
   mesh = make_mesh(config, tc, task)
+  task.check_data(config.data)  # a missing data file: refused before the workdir is touched
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, name)
   return build_run(config, workdir, task, tc, mesh=mesh)
@@ -173,18 +174,21 @@ def is_better(score: tuple, best: tuple) -> bool:
 
 @dataclasses.dataclass
 class _Timing:
-  """Training time: the timed segment in progress (evaluations and saves are left out of it) and
-  the logging window, the training seconds, steps and tokens since the last progress line."""
-  t_seg: float
+  """Training time: the timed segment in progress (evaluations and saves are left out of it;
+  t_seg None: none is, e.g. during an evaluation) and the logging window, the training seconds,
+  steps and tokens since the last progress line."""
+  t_seg: float | None
   s: float = 0.0
   steps: int = 0
   tokens: float = 0.0
 
   def close_segment(self, run: Run) -> None:
-    """Adds the segment's time to the run and the window; the next segment starts now."""
+    """Adds the segment's time (if one is in progress) to the run and the window; the next
+    segment starts now."""
     now = time.time()
-    run.progress.wall_s += now - self.t_seg
-    self.s += now - self.t_seg
+    if self.t_seg is not None:
+      run.progress.wall_s += now - self.t_seg
+      self.s += now - self.t_seg
     self.t_seg = now
 
 
@@ -192,7 +196,9 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   """Runs steps from run.progress.step to tc.steps (or `stop_after` steps, for tests of resuming).
 
   Every progress line, evaluation and save first checks the loss (`check_divergence`); a failed
-  save raises CheckpointError at its step. Ctrl-C saves the current step, then re-raises.
+  save raises CheckpointError at its step. Ctrl-C saves the current step (with its training time,
+  and its evaluation marked as due if it has not finished), unless it diverged since the last
+  check; then re-raises.
   """
   p = run.progress
   tc = run.tc
@@ -200,7 +206,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
   step_start = p.step
   it = run.task.train_batches(run.bundle, tc, p.step,
                               None if run.rows is None else run.rows.select)
-  timing, last, ahead = _Timing(time.time()), None, None
+  timing, last, last_batch, ahead = _Timing(None), None, None, None
   # A resumed run that had already used its time trains no further. (Decided once, from the
   # restored counters, which every process shares; later stops are agreed on, in _after_step.)
   spent = bool(tc.max_wall_s) and p.wall_s >= tc.max_wall_s
@@ -211,6 +217,7 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
         # (The checkpoint keeps saying so until the next save: evaluating again is harmless.)
         log.info(f"evaluating step {p.step}, whose evaluation was interrupted")
         _evaluate(run, ckpt, writer, guard)
+      timing.t_seg = time.time()  # training time starts after that evaluation
       stopped = False
       while (not (spent or stopped) and p.step < tc.steps
              and (stop_after is None or p.step - step_start < stop_after)):
@@ -234,20 +241,24 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
           # before the new state and its step count are assigned would leave nothing to save.
           with guard.step():
             (run.state, last), p.step = fn(run.state, *args), p.step + k
-          p.train_tokens += ntok
+            last_batch = group[-1]
+            p.train_tokens += ntok
+            # Due from the moment the step exists: a Ctrl-C before the evaluation has finished
+            # (in this call, or later in _after_step) saves the step with it still to run.
+            p.eval_pending = p.eval_pending or _eval_due(run)
           timing.steps += k
           timing.tokens += ntok
           stopped = _after_step(run, ckpt, writer, timing, last, group[-1], guard)
           if stopped:
             break
   except KeyboardInterrupt:
-    _save_on_interrupt(run, ckpt, last)
+    _save_on_interrupt(run, ckpt, timing, last, last_batch)
     raise
   finally:
     if ahead is not None:
       ahead.join()
   jax.block_until_ready(run.state)
-  p.wall_s += time.time() - timing.t_seg
+  timing.close_segment(run)
   return last
 
 
@@ -279,8 +290,8 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   if jax.process_count() > 1 and (tc.max_wall_s or tc.mark_wall_s):
     out_of_time = distributed.agree(out_of_time)  # process 0's clock decides for all
     mark_now = mark_now if distributed.agree(bool(mark_now)) else []
-  eval_now = (p.step % tc.eval_every == 0 or last_step or out_of_time or bool(mark_now)) and (
-      run.task.has_eval(run.bundle))
+  eval_now = _eval_due(run) or (
+      (out_of_time or bool(mark_now)) and run.task.has_eval(run.bundle))
   save_now = p.step % tc.checkpoint_every == 0 or last_step or out_of_time or bool(mark_now)
   log_now = p.step % tc.log_every == 0 or last_step
   if log_now or eval_now or save_now:
@@ -288,6 +299,7 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
     check_divergence(run, m, ckpt)
     timing.close_segment(run)
     if eval_now or save_now:
+      timing.t_seg = None  # the check, evaluation and saves are not training time
       # The step's loss is of the parameters before it; what is about to be saved is after.
       check_divergence(run, {**m, "loss": loss_after_step(run, run.device_batch(host_batch))},
                        ckpt)
@@ -310,6 +322,13 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   if eval_now or save_now:
     timing.t_seg = time.time()
   return out_of_time
+
+
+def _eval_due(run: Run) -> bool:
+  """Whether step run.progress.step is evaluated by its number (every train.eval_every steps,
+  and the last step; train.max_wall_s and train.mark_wall_s add evaluations by time)."""
+  p, tc = run.progress, run.tc
+  return (p.step % tc.eval_every == 0 or p.step == tc.steps) and run.task.has_eval(run.bundle)
 
 
 def _held(guard: InterruptGuard | None):
@@ -341,14 +360,30 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter,
   p.eval_pending = False
 
 
-def _save_on_interrupt(run: Run, ckpt: Checkpoints, last) -> None:
-  """After Ctrl-C: saves the current step unless it is saved already or its state was donated."""
-  p = run.progress
+def _save_on_interrupt(run: Run, ckpt: Checkpoints, timing: _Timing, last, host_batch) -> None:
+  """After Ctrl-C: saves the current step unless it is saved already, its state was donated or
+  it diverged since the last check (`last`: its metrics, `host_batch`: its batch, for the same
+  check the loop makes before a save; the last good checkpoint is then kept). The training time
+  up to now is added to the run first, so the budget and the rates count it."""
+  p, tc = run.progress, run.tc
   if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
     log.warning(f"interrupted inside step {p.step + 1}, whose input state was donated: "
                 "nothing saved; rerun the same command to resume from the last checkpoint")
   elif last is not None and p.step != ckpt.latest.latest_step():
     jax.block_until_ready(run.state)
+    timing.close_segment(run)
+    try:
+      m = {k: float(v) for k, v in jax.device_get(last).items()}
+      check_divergence(run, m, ckpt)
+      check_divergence(run, {**m, "loss": loss_after_step(run, run.device_batch(host_batch))},
+                       ckpt)
+    except TrainingDiverged as e:  # its message names the checkpoint kept and what to change
+      log.warning(f"interrupted: {e}")
+      return
+    if tc.max_wall_s and p.wall_s >= tc.max_wall_s and run.task.has_eval(run.bundle):
+      # The resumed run trains no further: it evaluates this step first, as the run stopped by
+      # its budget here would have (a step already evaluated is evaluated again, harmlessly).
+      p.eval_pending = True
     resume.save(ckpt, ckpt.latest, run)
     log.warning(f"interrupted at step {p.step}: checkpoint saved"
                 + (" (its evaluation had not finished: it runs first when resumed)"
@@ -364,6 +399,7 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
   task = get_task(task) if isinstance(task, str) else task
   tc = validate_config(config, task)  # before the workdir is touched
   mesh = make_mesh(config, tc, task)
+  task.check_data(config.data)  # and a missing data file, so a refused run leaves it as it was
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, name)  # before anything else is written into it
   with workdir_lib.lock(workdir):
