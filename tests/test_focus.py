@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,9 +19,11 @@ from flax import nnx
 import attn
 from attn.apps.focus import sweep as focus
 from attn.apps.focus import server as focus_server
+from attn.apps.focus import trained_with
 from attn.data import stories
 from attn.models import reader
 from attn.errors import ConfigError
+from attn.training.workdir import WorkdirError
 from attn.data.tokens import UNK
 
 MIXED = stories.StoryConfig(object_questions=0.5, min_sentences=3, max_sentences=10)
@@ -154,6 +157,104 @@ def test_the_workdir_holds_results_table_page_and_a_servable_model(trained):
   assert out["answer"] in SMALL.stories.places and 0 < out["answer_prob"] <= 1
 
 
+def _snapshot(workdir) -> dict:
+  """Every file under `workdir` (the lock file aside) -> its size and modification time."""
+  out = {}
+  for root, _, names in os.walk(workdir):
+    for n in names:
+      if n != ".lock":
+        st = os.stat(os.path.join(root, n))
+        out[os.path.relpath(os.path.join(root, n), workdir)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+def test_a_rerun_with_other_training_settings_is_refused_before_anything_is_written(trained):
+  """The readers were trained with SMALL: a rerun with another train_size, seed, ... used to
+  reuse them and record the new settings in focus.json; lowering steps too."""
+  _, workdir = trained
+  before = _snapshot(workdir)
+  for change, shown in [({"train_size": 1000}, "train_size=2000 there, 1000 here"),
+                        ({"seed": 1}, "seed=0 there, 1 here"),
+                        ({"steps": 100}, "steps=300 there, 100 here"),
+                        ({"object_questions": 0.5}, "object_questions=0.0 there, 0.5 here"),
+                        ({"normalizers": ("entmax15",), "dim": 8}, "dim=24 there, 8 here")]:
+    cfg = (dataclasses.replace(SMALL, stories=dataclasses.replace(SMALL.stories, **change))
+           if "object_questions" in change else dataclasses.replace(SMALL, **change))
+    with pytest.raises(WorkdirError, match=rf"^workdir {re.escape(workdir)} holds readers "
+                       rf"trained with other settings \({shown}; .*use another --workdir$"):
+      focus.train_and_evaluate(cfg, workdir, verbose=False)
+    assert _snapshot(workdir) == before, change
+  with open(os.path.join(workdir, trained_with.SETTINGS_FILE)) as f:
+    record = json.load(f)
+  assert record == trained_with.as_json(focus.trained_settings(SMALL))
+  for name in SMALL.normalizers:  # what a workdir from before the record is checked against
+    with open(os.path.join(focus.run_dir(workdir, name), "config.json")) as f:
+      assert trained_with.as_json(focus.settings_of_run(json.load(f))) == record
+
+
+def test_an_older_workdir_is_checked_against_its_runs_and_reruns_with_what_only_measures(
+    trained, tmp_path):
+  """A workdir without trained_with.json is checked against its runs' config.json; settings
+  that only measure the readers (test set, temperatures, which normalizers) re-measure the
+  finished readers without training them again."""
+  _, workdir = trained
+  old = str(tmp_path / "old")
+  shutil.copytree(workdir, old, ignore=shutil.ignore_patterns(".lock"))
+  if os.path.exists(os.path.join(old, trained_with.SETTINGS_FILE)):
+    os.remove(os.path.join(old, trained_with.SETTINGS_FILE))
+  with pytest.raises(WorkdirError, match=r"\(seed=0 there, 1 here; recorded in .*runs/"):
+    focus.train_and_evaluate(dataclasses.replace(SMALL, seed=1), old, verbose=False)
+  assert not os.path.exists(os.path.join(old, trained_with.SETTINGS_FILE))
+  params = focus.params_file("sparsemax")
+  with open(os.path.join(old, params), "rb") as f:
+    trained_params = f.read()
+  cfg = dataclasses.replace(SMALL, normalizers=("sparsemax",), temperatures=(1.0,),
+                            test_size=100)
+  results = focus.train_and_evaluate(cfg, old, verbose=False)
+  assert [r["examples"] for r in results["normalizers"]["sparsemax"]["eval"]] == [100]
+  with open(os.path.join(old, params), "rb") as f:
+    assert f.read() == trained_params  # measured again, not trained again
+  with open(os.path.join(old, trained_with.SETTINGS_FILE)) as f:
+    assert json.load(f) == trained_with.as_json(focus.trained_settings(SMALL))
+
+
+def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_one_line(
+    trained, tmp_path):
+  _, workdir = trained
+  translate = tmp_path / "translate"  # a finished translate run (no application.json: older)
+  translate.mkdir()
+  (translate / "results.json").write_text(json.dumps({"bleu": 30.0, "chrf": 50.0}))
+  (translate / "model.json").write_text(json.dumps({"arch": "rnn"}))
+  retrieve = tmp_path / "retrieve"
+  retrieve.mkdir()
+  (retrieve / "application.json").write_text(json.dumps({"application": "retrieve"}))
+  (retrieve / "model.json").write_text(json.dumps({"stories": {}, "vocab": [], "model": {}}))
+  for wd, held, module in [(translate, "translate", "experiments.translate"),
+                           (retrieve, "retrieve", "experiments.retrieve")]:
+    with pytest.raises(ConfigError, match=rf"^workdir {wd} holds a {held} run, not a focus one: "
+                       rf"serve or inspect it with python -m {module}"):
+      focus_server.FocusService.from_workdir(str(wd))
+  retrain = "rerun without --serve_only to retrain, or use another --workdir$"
+  for damage, name, why in [
+      (lambda text: text[:len(text) // 2], focus.MODEL_FILE, "JSONDecodeError"),
+      (lambda text: text.replace('"readers"', '"reader"'), focus.MODEL_FILE,
+       "no field 'readers'"),
+      (None, focus.params_file("sparsemax"), "BadZipFile")]:
+    wd = tmp_path / f"damaged_{name}_{why[:4]}"
+    shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns(".lock", "runs"))
+    path = wd / name
+    if damage is None:
+      path.write_bytes(path.read_bytes()[:200])
+    else:
+      path.write_text(damage(path.read_text()))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is damaged or not this "
+                       rf"application's \({why}.*\): {retrain}"):
+      focus_server.FocusService.from_workdir(str(wd))
+  done = _focus_cli(f"--workdir={translate}", "--serve_only", "--port=8")
+  assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr[-2000:]
+  assert len(done.stderr.strip().splitlines()) == 1 and "holds a translate run" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def service():
   """A randomly initialized reader behind the service (the API's behaviour, not its accuracy)."""
@@ -227,7 +328,12 @@ def test_the_entry_point_trains_what_its_flags_say_and_refuses_bad_ones_in_one_l
       normalizers=("sparsemax",), temperatures=(0.5, 2.0), steps=20, train_size=64,
       test_size=16, num_samples=2, dim=8)
   assert config == json.loads(json.dumps(dataclasses.asdict(want)))
-  for args, message in [(["--serve_only"], "--serve_only needs --port"),
+  for args, message in [(["--normalizers=sparsemax", "--temperatures=0.5,2", "--steps=20",
+                         "--train_size=65", "--test_size=16", "--num_samples=2",
+                         "--max_sentences=6", "--object_questions=0.5", "--dim=8"],
+                        "holds readers trained with other settings (train_size=64 there, 65 "
+                        "here; "),
+                        (["--serve_only"], "--serve_only needs --port"),
                         (["--temperatures=0.1,hot"], "--temperatures"),
                         (["--normalizers=softmax,nope"], "unknown normalizer")]:
     done = _focus_cli(f"--workdir={tmp_path}", *args)

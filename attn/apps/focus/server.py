@@ -10,6 +10,7 @@ read at a temperature (`FocusService.read`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -18,6 +19,7 @@ import os
 import re
 import threading
 import traceback
+import zipfile
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -25,11 +27,13 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 from flax import nnx
 
+from attn.common import applications
 from attn.config.configurable import option
 from attn.errors import ConfigError, DataError
 from attn.data import stories
 from attn.apps.focus.sweep import MODEL_FILE, PAGE_FILE, TEMPERATURE_RANGE, params_file
 from attn.models import reader
+from attn.training import workdir as workdir_lib
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,49 @@ class FocusServing:
 
 class BadRequest(DataError):
   """A query the page should show as a message (HTTP 400)."""
+
+
+RETRAIN = "rerun without --serve_only to retrain, or use another --workdir"
+
+
+def check_application(workdir: str, application: str) -> None:
+  """ConfigError when `workdir` holds a run of another application than `application` (its
+  application.json, or for older runs what its results name): its files are not this page's."""
+  held = workdir_lib.recorded_application(workdir) if os.path.isdir(workdir) else None
+  if held is not None and held != application:
+    module = applications.app(held).module if held in applications.registry() else None
+    raise ConfigError(f"workdir {workdir} holds a {held} run, not a {application} one: "
+                      + (f"serve or inspect it with python -m {module}, or give " if module
+                         else "give ") + f"--serve_only a {application} workdir")
+
+
+# What reading a damaged or foreign saved file raises: a model.json that is not JSON or lacks
+# (or mistypes) a field; a truncated or overwritten .npz (np.load).
+JSON_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
+NPZ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile)
+
+
+@contextlib.contextmanager
+def damaged_file(path: str, errors=JSON_ERRORS):
+  """Turns `errors` raised while the saved file `path` is read into one ConfigError naming it
+  and what to do (the parsing code's own bugs, other exceptions, keep their traceback)."""
+  try:
+    yield
+  except errors as e:
+    detail = (f"no field {e}" if isinstance(e, KeyError)
+              else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}")
+    raise ConfigError(f"{path} is damaged or not this application's ({detail}): "
+                      f"{RETRAIN}") from None
+
+
+def read_saved_json(path: str) -> dict:
+  """The JSON object in `path`; a ConfigError naming the file when it is not one."""
+  with damaged_file(path):
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    if not isinstance(saved, dict):
+      raise TypeError(f"a JSON {type(saved).__name__}, not an object")
+  return saved
 
 
 def bucket(n: int, step: int = 8) -> int:
@@ -87,24 +134,33 @@ class FocusService:
 
   @classmethod
   def from_workdir(cls, workdir: str) -> "FocusService":
+    """The readers saved in `workdir` (attn.apps.focus.sweep). One ConfigError line when the
+    workdir holds another application's run, no trained reader, or a damaged model.json or
+    reader_<normalizer>.npz."""
+    check_application(workdir, "focus")
     path = os.path.join(workdir, MODEL_FILE)
     if not os.path.exists(path):
       raise ConfigError(f"no trained reader in {workdir} ({MODEL_FILE} is missing): run "
                         f"without --serve_only first")
-    with open(path) as f:
-      saved = json.load(f)
-    sc = stories.StoryConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                for k, v in saved["stories"].items()})
-    vocab = stories.Vocab(saved["vocab"])
+    saved = read_saved_json(path)
+    with damaged_file(path):
+      sc = stories.StoryConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in saved["stories"].items()})
+      vocab = stories.Vocab(saved["vocab"])
+      configs = {name: reader.ReaderConfig(**rc) for name, rc in saved["readers"].items()}
+      samples = list(saved.get("samples", []))
     if vocab.words != saved["vocab"]:
-      raise ConfigError(f"{path}: the vocabulary does not round-trip")
+      raise ConfigError(f"{path}: the vocabulary does not round-trip: {RETRAIN}")
     models = {}
-    for name, rc in saved["readers"].items():
+    for name, rc in configs.items():
       p = os.path.join(workdir, params_file(name))
       if not os.path.exists(p):
-        raise ConfigError(f"{p} is missing: retrain (run without --serve_only)")
-      models[name] = reader.load_params(p, reader.ReaderConfig(**rc))
-    return cls(sc, vocab, models, saved.get("samples", []))
+        raise ConfigError(f"{p} is missing: {RETRAIN}")
+      with damaged_file(p, NPZ_ERRORS):
+        models[name] = reader.load_params(p, rc)
+    if not models:
+      raise ConfigError(f"{path} lists no trained reader: {RETRAIN}")
+    return cls(sc, vocab, models, samples)
 
   def info(self) -> dict:
     return {"normalizers": list(self.models), "score": next(iter(self.configs.values())).score,

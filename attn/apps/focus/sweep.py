@@ -8,7 +8,9 @@ Each reader trains through the one training loop (attn.training.loop; the task i
 attn.apps.focus.task.FocusTask) in its own run, <workdir>/runs/<normalizer>/: it gets the
 divergence guard, the Ctrl-C save, the workdir lock and the device mesh, and rerunning the same
 command resumes an interrupted demo from its last checkpoint (finished readers are not trained
-again). The page and its API are attn.apps.focus.server.
+again). The settings the readers train with (`trained_settings`) are recorded beside them
+(attn.apps.focus.trained_with): a rerun with others (another --train_size, --seed, ...) is
+refused before anything is written. The page and its API are attn.apps.focus.server.
 
 Metrics on the held-out test set, per normalizer and temperature T:
 - evidence hit rate: argmax of the attention weights == the gold final supporting fact (for
@@ -28,6 +30,7 @@ import shutil
 import numpy as np
 
 from attn.apps.focus import task as focus_task
+from attn.apps.focus import trained_with
 from attn.common import files
 from attn.common.tables import markdown_table
 from attn.config import configurable
@@ -44,6 +47,10 @@ TABLE_FILE = "focus.md"
 PAGE_FILE = "focus.html"
 TEMPERATURE_RANGE = (0.01, 100.0)  # what the page's slider and the API accept
 RUNS_DIR = "runs"  # <workdir>/runs/<normalizer>/: the training run of each reader
+# The FocusConfig fields (besides the stories') that change what a reader trains on or how: a
+# rerun with other values is refused (trained_with); the others only measure or show the readers.
+TRAINED_WITH = ("train_size", "seed", "batch_size", "steps", "learning_rate", "score", "dim",
+                "d_attn")
 
 
 def params_file(normalizer: str) -> str:
@@ -116,6 +123,22 @@ def run_config(cfg: FocusConfig, normalizer: str):
       focus_task.FocusTrainConfig, steps=cfg.steps, learning_rate=cfg.learning_rate,
       seed=cfg.seed, temperatures=tuple(cfg.temperatures))
   return config
+
+
+def trained_settings(cfg: FocusConfig) -> dict:
+  """The settings every reader of `cfg` trains with, named as their flags (the stories' fields
+  and TRAINED_WITH): what trained_with.json records."""
+  return {**dataclasses.asdict(cfg.stories), **{k: getattr(cfg, k) for k in TRAINED_WITH}}
+
+
+def settings_of_run(config: dict) -> dict:
+  """`trained_settings` of the FocusConfig that made run config `config` (a run's config.json,
+  as `run_config` lays it out): what a workdir from before trained_with.json trained with."""
+  data, model, train = config["data"], config["model"], config["train"]
+  return {**data["stories"], "train_size": data["train_size"], "seed": data["seed"],
+          "batch_size": data["batch_size"], "steps": train["steps"],
+          "learning_rate": train["learning_rate"], "score": model["score"], "dim": model["dim"],
+          "d_attn": model["d_attn"]}
 
 
 def run_dir(workdir: str, normalizer: str) -> str:
@@ -191,11 +214,18 @@ def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = Non
   `workdir/runs/<normalizer>/` (rerunning the same command resumes an interrupted one and
   skips finished ones), evaluates it at every temperature and writes into workdir:
   reader_<normalizer>.npz, model.json, focus.json, focus.md (and focus.html when `page` is
-  given). Returns the results (what focus.json holds)."""
+  given). Returns the results (what focus.json holds). A workdir whose readers were trained
+  with other settings (`trained_settings`) is refused (WorkdirError) before anything is
+  written; the settings are recorded (trained_with.json) before any reader trains."""
   say = print if verbose else (lambda *a, **k: None)
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, "focus")  # another application's run is refused, not overwritten
   with workdir_lib.lock(workdir):
+    runs = os.path.join(workdir, RUNS_DIR)
+    trained_with.check(workdir, trained_settings(cfg), trained_with.recorded(
+        workdir, [os.path.join(runs, n) for n in sorted(os.listdir(runs))]
+        if os.path.isdir(runs) else [], settings_of_run), "readers")
+    trained_with.write(workdir, trained_settings(cfg))
     data = focus_task.load_stories(data_config(cfg))
     sc = cfg.stories
     results = {"config": _config_dict(cfg),
