@@ -301,6 +301,32 @@ def test_an_invalid_config_leaves_an_existing_workdir_untouched(tmp_path):
   assert {n: (tmp_path / n).read_bytes() for n in before} == before
 
 
+@pytest.mark.parametrize("fresh,overrides,message", [
+    ("absent", ["--config.data.task=parallel_text", "--config.data.dir={tmp}/nowhere"],
+     "data directory '{tmp}/nowhere' does not exist"),
+    ("empty", ["--config.data.task=parallel_text", "--config.data.dir={tmp}"],
+     "no file train.de[.gz] in {tmp} (it holds: run)"),
+    ("empty", ["--config.data.task=jsonl", "--config.data.dir={tmp}",
+               "--config.data.source_field=a", "--config.data.target_field=b"],
+     "no file train.jsonl[.gz] in {tmp}"),
+    ("absent", ["--config.data.task=revers"], "unknown data.task 'revers'; known: copy,"),
+])
+def test_a_run_refused_on_its_data_leaves_a_fresh_workdir_as_it_was(tmp_path, fresh, overrides,
+                                                                    message):
+  # Before: the workdir was bound (application.json) and locked (.lock) before the data files
+  # were looked for, so a refused run left them behind though the docs promised nothing written.
+  workdir = tmp_path / "run"
+  if fresh == "empty":
+    workdir.mkdir()
+  p = _cli(SMOKE, f"--workdir={workdir}", *(o.format(tmp=tmp_path) for o in overrides))
+  assert p.returncode == 2, p.stderr[-2000:]
+  assert message.format(tmp=tmp_path) in _one_error_line(p)
+  if fresh == "empty":
+    assert os.listdir(workdir) == []  # no application.json, .lock or data cache
+  else:
+    assert not workdir.exists()
+
+
 def test_resuming_with_another_model_is_refused_naming_the_fields(tmp_path):
   training.train_and_evaluate(_tiny(), str(tmp_path))
   config_json = (tmp_path / "config.json").read_bytes()

@@ -14,7 +14,7 @@ from attn.data import config
 from attn.data.base import BOS, EOS, PAD, ROLES, SOURCES, SPECIAL_TOKENS, UNK, DataError
 from attn.data.config import DataConfig
 from attn.data import sources as _sources  # registers the sources  # noqa: F401
-from attn.data.pipeline import DataBundle, load, split_names
+from attn.data.pipeline import DataBundle, check, load, split_names
 from attn.data.splits import SplitData
 from attn.data.builtin_tasks import BUILTIN_TASKS, Example
 from attn.data.tokenize import TOKENIZERS, TokenizerSpec, Vocab, build_vocab, load_vocab

@@ -299,6 +299,24 @@ def split_names(data_config) -> dict[str, str]:
   return SOURCES.get(cfg.task)(cfg).splits()
 
 
+def _checked(data_config):
+  """(DataConfig, its source) of a data section, after the checks that read no record and write
+  nothing: the settings, the task's name, the files that must exist (Source.check)."""
+  cfg = DataConfig.from_config(data_config)
+  source = SOURCES.get(cfg.task)(cfg)
+  if cfg.reference_fields and not source.reads_references:
+    raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
+                    "has no reference fields (only jsonl and tfds records do)")
+  source.check()
+  return cfg, source
+
+
+def check(data_config) -> None:
+  """What `load` refuses before it reads a record or writes a file (a bad setting, an unknown
+  task, a missing data file: DataError), for a run to call before it touches its workdir."""
+  _checked(data_config)
+
+
 def load(data_config, workdir: str | None = None) -> DataBundle:
   """Prepares the data of `data_config` (a data ConfigDict, dict or DataConfig).
 
@@ -308,11 +326,7 @@ def load(data_config, workdir: str | None = None) -> DataBundle:
   (attn.data.vocab_record). None keeps vocabularies in memory only.
   Raises DataError for bad input or config.
   """
-  cfg = DataConfig.from_config(data_config)
-  source = SOURCES.get(cfg.task)(cfg)
-  if cfg.reference_fields and not source.reads_references:
-    raise DataError(f"data.reference_fields={','.join(cfg.reference_fields)}: data.task={cfg.task} "
-                    "has no reference fields (only jsonl and tfds records do)")
+  cfg, source = _checked(data_config)
   if workdir:  # before anything is written: a resumed run reuses the saved vocabularies
     vocab_record.check(cfg, source, workdir)
   try:

@@ -52,6 +52,11 @@ class Source(abc.ABC):
     out = {"train": c.train_split, "eval": c.eval_split, "test": c.test_split}
     return {r: s for r, s in out.items() if s}
 
+  def check(self) -> None:
+    """The checks of the settings that read no record and write nothing (settings the source
+    needs, split names, files that must exist): DataError. A run calls them before its workdir
+    is touched (attn.data.check); `prepare` calls them again. None by default."""
+
   @abc.abstractmethod
   def prepare(self, cache_dir: str) -> None:
     """Implemented by each subclass."""
@@ -142,9 +147,11 @@ class _LocalSource(Source):
     """Settings the records depend on besides the files (they key the builder config)."""
     return {}
 
-  def prepare(self, cache_dir):
-    from attn.data import builders  # pylint: disable=import-outside-toplevel
+  def check(self):
+    self._split_files()
 
+  def _split_files(self) -> dict[str, list[str]]:
+    """split name -> its files, every one found (DataError naming the first missing one)."""
     if not self.cfg.dir:
       raise DataError(f"data.task={self.name} needs data.dir")
     splits = {}
@@ -152,6 +159,12 @@ class _LocalSource(Source):
       if not _SPLIT_RE.match(split):
         raise DataError(f"split name {split!r} ({role}) must be letters, digits and _ only")
       splits[split] = self._files(split)
+    return splits
+
+  def prepare(self, cache_dir):
+    from attn.data import builders  # pylint: disable=import-outside-toplevel
+
+    splits = self._split_files()
     params = {"kind": self.name, **self._params(),
               "splits": {s: [builders.file_entry(p) for p in files] for s, files in splits.items()}}
     config = builders.config_for(self.name, params)
@@ -253,11 +266,14 @@ class TfdsSource(Source):
   """A named TFDS dataset (tfds_sources.py), prepared as array_record in data.tfds_data_dir."""
   reads_references = True
 
+  def check(self):
+    if not self.cfg.tfds_name:
+      raise DataError("data.task=tfds needs data.tfds_name (e.g. ted_hrlr_translate/pt_to_en)")
+
   def prepare(self, cache_dir):
     del cache_dir
     c = self.cfg
-    if not c.tfds_name:
-      raise DataError("data.task=tfds needs data.tfds_name (e.g. ted_hrlr_translate/pt_to_en)")
+    self.check()
     self.fields = tfds_sources.fields_for(c.tfds_name, c.src_lang, c.tgt_lang, c.source_field,
                                           c.target_field)
     check_reference_fields(c.reference_fields, self.fields[1])  # a default target field too

@@ -52,6 +52,12 @@ class Seq2SeqTask(Task):
     """The validated `data` section (DataConfig by default: its errors are DataErrors)."""
     return self.sections["data"].from_config(cfg)
 
+  def check_data(self, cfg):
+    # (A task whose data section is not a DataConfig reads its data with its own load_data.)
+    if issubclass(self.sections["data"], DataConfig):
+      from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)
+      data.check(cfg)
+
   def load_data(self, cfg, workdir):
     """The data bundle the loop reads (attn.data.DataBundle's interface) of the `data` section."""
     from attn import data  # pylint: disable=import-outside-toplevel  (needs the data extras)

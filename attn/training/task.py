@@ -94,6 +94,13 @@ class Task(abc.ABC):
     (and `tokens_per_batch` where batches are sized by tokens)."""
     return configurable.from_config(self.sections["data"], cfg, section="data")
 
+  def check_data(self, cfg) -> None:
+    """What `load_data` would refuse in the `data` section `cfg` without reading a record or
+    writing a file (a missing data file, a setting the data needs): DataError. The loop calls it
+    before it touches the workdir, so such a run leaves a fresh workdir as it was. None by
+    default."""
+    del cfg
+
   @abc.abstractmethod
   def load_data(self, cfg, workdir):
     """The data bundle the loop reads, of the validated `data` section `cfg`."""
