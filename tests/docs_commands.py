@@ -30,8 +30,14 @@ global FLAGS, so each module's flags are removed again before the next one's are
   and checked; nothing is run or written).
 - `make TARGET [VAR=value]`: `make -n` of it succeeds (the target exists).
 - `python -m pytest [args] PATHS`: every test path exists.
+
+Also collected here, for tests/test_docs.py: the tests the docs cite (`cited_tests`, resolved
+against the test files' ast by `test_names`) and the `attn.…`/`kernels.…` names in their inline
+code (`cited_names`, resolved by importing them: `unresolved`, run as
+`python tests/docs_commands.py --names IN.json OUT.json`).
 """
 
+import ast
 import contextlib
 import dataclasses
 import io
@@ -234,6 +240,111 @@ def collect_all():
   return [c for p in doc_paths() for c in collect(p)]
 
 
+# ---------------------------------------------------------------------------------------------
+# Names the docs cite: tests (`tests/test_x.py::test_y`) and dotted names (`attn.a.b`).
+
+
+def citing_paths():
+  """doc_paths() and the markdown under docs/'s subfolders but docs/journal/ (dated sittings,
+  which name what existed on their day: tests/test_docs.py says why they are exempt)."""
+  docs = os.path.join(REPO, "docs")
+  nested = []
+  for dirpath, dirnames, filenames in os.walk(docs):
+    dirnames[:] = sorted(d for d in dirnames if d != "journal")
+    if dirpath != docs:
+      nested.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".md"))
+  return doc_paths() + nested
+
+
+# `tests/test_x.py::name`, `tests/test_x.py::Class::method`, a parametrized id `[...]` after it;
+# a table cell may leave out the `tests/`.
+TEST_CITATION = re.compile(r"(?<![\w/.])((?:tests/)?test_\w+\.py)::(\w+(?:::\w+)?)")
+
+
+def cited_tests(path):
+  """[(line, 'tests/FILE.py', 'name' or 'Class::method')] cited in one markdown file."""
+  found = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      for m in TEST_CITATION.finditer(line):
+        file = m.group(1) if m.group(1).startswith("tests/") else "tests/" + m.group(1)
+        found.append((n, file, m.group(2)))
+  return found
+
+
+def test_names(path):
+  """The test names a test file defines, read with ast (nothing imported): top-level functions
+  and classes, and `Class::method`; None when there is no such file."""
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  names = set()
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    if isinstance(node, ast.ClassDef):
+      names.update(f"{node.name}::{m.name}" for m in node.body
+                   if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)))
+  return names
+
+
+DOTTED = re.compile(r"(?<![\w./-])((?:attn|kernels)(?:\.[A-Za-z_]\w*)+)")
+
+
+def cited_names(path):
+  """[(line, dotted name)] of `attn.…` and `kernels.…` names in one markdown file's inline code
+  spans (fenced blocks are left out: a shell block's commands are checked as commands, and a
+  python block may sketch code to write, e.g. a new application's `attn.apps.name.task`)."""
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  found, prose, block, fence = [], [], None, None
+  for n, line in enumerate(lines, 1):
+    m = re.match(r"^\s*(```+|~~~+)", line)
+    if block is None and m:
+      fence, block = m.group(1), []
+      continue
+    if block is not None:
+      if line.strip().startswith(fence):
+        block = None
+      continue
+    prose.append((n, line))
+  text = "\n".join(line for _, line in prose)
+  starts = [0]
+  for _, line in prose:
+    starts.append(starts[-1] + len(line) + 1)
+  for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", text):
+    line_no = prose[max(i for i, s in enumerate(starts) if s <= m.start())][0]
+    found.extend((line_no, d.group(1)) for d in DOTTED.finditer(m.group(1)))
+  return found
+
+
+def unresolved(names):
+  """The dotted names (of cited_names) that are neither a module nor an attribute of one, in
+  this process: the longest importable prefix, then attributes (a dataclass field without a
+  default counts)."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  import attn.apps  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  bad = []
+  for name in names:
+    parts, obj = name.split("."), None
+    for i in range(len(parts), 0, -1):
+      try:
+        obj = importlib.import_module(".".join(parts[:i]))
+        break
+      except ModuleNotFoundError as e:
+        if not (e.name and ".".join(parts[:i]).startswith(e.name)):
+          raise  # the module exists but imports something missing: a real error
+    rest = parts[i:] if obj is not None else parts
+    for attr in rest:
+      fields = getattr(obj, "__dataclass_fields__", {})
+      if obj is None or not (hasattr(obj, attr) or attr in fields):
+        bad.append(name)
+        break
+      obj = getattr(obj, attr, None)
+  return bad
+
+
 def _no_run(main, *args, **kwargs):
   """absl.app.run / cli.run replaced while a module is defined: main is not run."""
   del main, args, kwargs
@@ -337,11 +448,12 @@ def validate(commands):
 
 
 if __name__ == "__main__":
-  # python tests/docs_commands.py IN.json OUT.json, from the repository root
+  # python tests/docs_commands.py [--names] IN.json OUT.json, from the repository root
   sys.path.insert(0, REPO)
-  source, out = sys.argv[1:3]
+  names_only = sys.argv[1] == "--names"
+  source, out = sys.argv[1 + names_only:3 + names_only]
   with open(source) as f:
     todo = json.load(f)
-  result = validate(todo)
+  result = unresolved(todo) if names_only else validate(todo)
   with open(out, "w") as f:
-    json.dump({str(k): v for k, v in result.items()}, f)
+    json.dump(result if names_only else {str(k): v for k, v in result.items()}, f)

@@ -1,11 +1,15 @@
 """The docs cannot drift from the code: every command in README.md, experiments/README.md and
 docs/*.md is valid (what counts as a command and how each is checked: tests/docs_commands.py), the
-README's preset list and the layout map (docs/layout.md) name everything there is, their links
-land on existing files and sections, and LICENSE and CITATION.cff agree with setup.cfg.
+README's preset list and the layout map (docs/layout.md) name everything there is, every test
+and every `attn.…`/`kernels.…` name the docs cite exists, every make target and entry point is
+documented, their links land on existing files and sections, and LICENSE and CITATION.cff agree
+with setup.cfg.
 
-No command is run: flags and configs are parsed in one subprocess (~10 s), `make -n` is a dry run.
+No command is run: flags and configs are parsed in one subprocess (~10 s), the cited names are
+imported in another (~5 s), test files are read with ast, `make -n` is a dry run.
 """
 
+import ast
 import configparser
 import dataclasses
 import json
@@ -40,10 +44,12 @@ BAD = {
     "launch sweep": ("launch", "", ["--experiment=translate", "--workdir=w",
                                     "--config=experiments/configs/translate.py:demo",
                                     "--sweep=model.rnn.decoder=none,bahdanoo"]),
+    "unknown experiment": ("launch", "", ["--experiment=transalte", "--workdir=w"]),
 }
 BAD_MESSAGES = {"unknown preset": "no_such_preset", "unknown field": "decodr",
                 "bad value": "steps", "bad variant": "bahdanoo", "unknown flag": "stepz",
-                "missing module": "experiments.no_such_module", "launch sweep": "bahdanoo"}
+                "missing module": "experiments.no_such_module", "launch sweep": "bahdanoo",
+                "unknown experiment": "transalte"}
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +144,23 @@ def _readme():
     return f.read()
 
 
+def _config_presets():
+  """{'experiments/configs/X.py': its presets} for every config file there (PRESETS or
+  _PRESETS, the table get_config(preset) reads)."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  files = {}
+  for name in sorted(os.listdir(os.path.join(REPO, "experiments", "configs"))):
+    if name.endswith(".py") and name != "__init__.py":
+      module = importlib.import_module(f"experiments.configs.{name[:-3]}")
+      presets = getattr(module, "PRESETS", getattr(module, "_PRESETS", None))
+      assert isinstance(presets, dict), f"experiments/configs/{name} has no PRESETS table"
+      files[f"experiments/configs/{name}"] = presets
+  return files
+
+
 def test_the_readme_lists_every_preset_of_every_config_file():
-  from experiments.configs import data, summarize, translate
-  files = {"experiments/configs/translate.py": translate._PRESETS,  # pylint: disable=protected-access
-           "experiments/configs/summarize.py": summarize._PRESETS,  # pylint: disable=protected-access
-           "experiments/configs/data.py": data.PRESETS}
+  files = _config_presets()
+  assert len(files) >= 5, files  # translate, summarize, caption, recommend, data
   listed = {}
   for line in _readme().splitlines():
     m = re.match(r"\| `(experiments/configs/\w+\.py)` \|(.*)\|\s*$", line)
@@ -252,3 +270,182 @@ def test_the_bfloat16_sentence_the_additive_scores_projections_stay_float32():
   assert {m.rhs.shape for m in score} == {(D, A), (He, A)}, score
   assert all((m.lhs.dtype, m.rhs.dtype) == (f32, f32) for m in score), score
   assert any((m.lhs.dtype, m.rhs.dtype) == (bf16, bf16) for m in dots)  # the layers' matmuls
+
+
+# ---------------------------------------------------------------------------------------------
+# What the docs cite exists. docs/journal/ is exempt: its entries are dated sittings that name the
+# tests, modules and functions of their day (a rename later must not rewrite what was run then);
+# what the docs say now is in README.md, experiments/README.md and docs/*.md.
+
+
+def test_the_citation_collectors_read_tests_and_the_names_in_inline_code(tmp_path):
+  doc = tmp_path / "doc.md"
+  doc.write_text("\n".join([
+      "| row | `tests/test_a.py::test_b` and test_c.py::TestD::test_e[cpu-1] |",
+      "See `attn.training.seq2seq_task.check_sections`, `kernels.attention(q, k, v)` and",
+      "`attn.VARIANTS[\"score\"].names()`; not `experiments/attn.py` nor attn.loose.",
+      "```bash",
+      "python -c 'import attn.in_shell'",
+      "```",
+      "```python",
+      "ctx, w = attn.attend(None, q, k, v)",
+      "```",
+  ]))
+  assert docs_commands.cited_tests(str(doc)) == [
+      (1, "tests/test_a.py", "test_b"), (1, "tests/test_c.py", "TestD::test_e")]
+  assert docs_commands.cited_names(str(doc)) == [
+      (2, "attn.training.seq2seq_task.check_sections"), (2, "kernels.attention"),
+      (3, "attn.VARIANTS")]
+
+
+def test_every_test_the_docs_cite_is_defined_in_its_file():
+  """`tests/FILE.py::NAME` (or `Class::method`; a parametrized id stripped) in README.md,
+  experiments/README.md and docs/ (but docs/journal/, see above) names a test that FILE defines,
+  read with ast."""
+  bad, count = [], 0
+  for path in docs_commands.citing_paths():
+    for line, file, name in docs_commands.cited_tests(path):
+      count += 1
+      names = docs_commands.test_names(os.path.join(REPO, file))
+      if names is None or name not in names:
+        where = f"{os.path.relpath(path, REPO)}:{line}"
+        bad.append(f"{where}: {file}::{name} " + ("(no such file)" if names is None else
+                                                   f"is not defined in {file}"))
+  assert count > 100, count
+  assert not bad, "\n".join(bad)
+
+
+@pytest.fixture(scope="module")
+def unresolved_names(tmp_path_factory):
+  """{dotted name: where the docs cite it} for the cited names that do not resolve, found by
+  importing them in one subprocess."""
+  cited = {}
+  for path in docs_commands.citing_paths():
+    for line, name in docs_commands.cited_names(path):
+      cited.setdefault(name, f"{os.path.relpath(path, REPO)}:{line}")
+  work = tmp_path_factory.mktemp("docs_names")
+  source, out = work / "in.json", work / "out.json"
+  source.write_text(json.dumps(sorted(cited) + ["attn.no_such_module", "attn.attend.no_attr"]))
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "docs_commands.py"),
+                         "--names", str(source), str(out)], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0 and out.exists(), proc.stderr[-3000:]
+  return cited, json.loads(out.read_text())
+
+
+def test_every_dotted_name_the_docs_cite_resolves(unresolved_names):
+  """Each `attn.…`/`kernels.…` name in an inline code span of README.md, experiments/README.md
+  and docs/ (not docs/journal/) is a module or an attribute of one."""
+  cited, bad = unresolved_names
+  assert len(cited) > 40, cited
+  assert {"attn.no_such_module", "attn.attend.no_attr"} <= set(bad)  # the resolver can say no
+  assert not (set(bad) & set(cited)), [f"{cited[n]}: `{n}` does not resolve"
+                                       for n in bad if n in cited]
+
+
+def _makefile_rules():
+  """{target: (prerequisites, recipe lines)} of the Makefile's rules, and the .PHONY names."""
+  with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  rules, phony, current = {}, set(), None
+  for line in lines:
+    if line.startswith("\t") and current is not None:
+      rules[current][1].append(line.strip())
+      continue
+    current = None
+    m = re.match(r"^([^\s:#=][^:=]*?)\s*:(?![=:])\s*(.*)$", line)
+    if m:
+      if m.group(1) == ".PHONY":
+        phony.update(m.group(2).split())
+        continue
+      for target in m.group(1).split():
+        rules[target] = (m.group(2).split(), [])
+      current = m.group(1).split()[-1]
+  return rules, phony
+
+
+def _mentions(pattern, paths):
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      if re.search(pattern, f.read()):
+        return True
+  return False
+
+
+def test_every_make_target_and_entry_point_is_documented():
+  """Each Makefile target (its .PHONY list and its rules but the files it builds) is shown as
+  `make TARGET` or named `TARGET` in the docs; each experiments/*.py module as
+  `experiments.NAME` or `NAME.py` outside the layout map (docs/layout.md, checked on its own)."""
+  rules, phony = _makefile_rules()
+  targets = sorted(phony | {t for t in rules if re.fullmatch(r"[\w-]+", t)})
+  assert {"setup", "run", "test", "clean", "gpu-check"} <= set(targets), targets
+  docs = docs_commands.doc_paths()
+  missing = [f"make {t}" for t in targets
+             if not _mentions(rf"make\s+(?:[A-Z_]+=\S+\s+)*{re.escape(t)}(?![\w-])|`{re.escape(t)}`",
+                              docs)]
+  prose = [p for p in docs if os.path.basename(p) != "layout.md"]
+  for name in sorted(os.listdir(os.path.join(REPO, "experiments"))):
+    module = name[:-3]
+    if name.endswith(".py") and name != "__init__.py" and not _mentions(
+        rf"experiments\.{module}\b|`{re.escape(name)}`", prose):
+      missing.append(f"experiments/{name}")
+  assert not missing, f"not documented in README.md, experiments/README.md or docs/: {missing}"
+
+
+def test_make_targets_run_the_venvs_python_after_setup():
+  """A recipe runs the project's python as $(BIN)/python (the venv `make setup` installs into)
+  and depends on setup ($(STAMP)); bare `python` is whatever is on PATH, without jax after
+  `make run`. $(PY) only creates the venvs."""
+  rules, _ = _makefile_rules()
+  bad = []
+  for target, (prereqs, recipe) in rules.items():
+    for line in recipe:
+      for cmd in re.split(r"&&|\|\||;|\|", line.lstrip("@-")):
+        word = (cmd.split() or [""])[0]
+        if re.fullmatch(r"(?:.*/)?python3?", word) and word not in (
+            "$(BIN)/python", ".peer-venv/bin/python"):
+          bad.append(f"{target}: runs {word!r}, not $(BIN)/python")
+        if word == "$(BIN)/python" and target not in ("$(BIN)/python", "$(STAMP)") and (
+            "$(STAMP)" not in prereqs):
+          bad.append(f"{target}: runs $(BIN)/python without depending on $(STAMP) (setup)")
+  assert not bad, bad
+  dry = subprocess.run(["make", "-n", "-C", REPO, "gpu-check"], capture_output=True, text=True,
+                       timeout=60, check=True).stdout
+  assert ".venv/bin/python -m experiments.gpu_check" in dry, dry
+
+
+def test_the_docs_quote_launchs_list_of_experiments(validation):
+  """The quoted refusal of an unknown --experiment is the one launch.py prints now (its list of
+  launchable applications grows as applications are registered)."""
+  real = validation["unknown experiment"].strip().splitlines()[-1].split(": ", 1)[1]
+  assert real.startswith("--experiment=transalte: not an experiment launch.py runs"), real
+  quoted = []
+  for path in docs_commands.doc_paths():
+    with open(path, encoding="utf-8") as f:
+      quoted += re.findall(r"error: (--experiment=transalte: [^`]*)", f.read())
+  assert quoted and all(q == real for q in quoted), (quoted, real)
+
+
+def test_the_tpu_tiles_in_benchmarks_md_are_the_tpu_targets():
+  """docs/benchmarks.md's per-kernel table gives each kernel's tiles on the "tpu" target as
+  kernels/targets/tpu.py's BLOCKS has them (read with ast)."""
+  with open(os.path.join(REPO, "kernels", "targets", "tpu.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  blocks = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [ast.unparse(t) for t in node.targets] == ["BLOCKS"])
+  tiles = {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+           for k, v in zip(blocks.keys, blocks.values)}
+  with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
+    rows = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| \w[\w-]* \(`kernels\.(\w+)`\) \|(.*)$", f.read(), flags=re.M)}
+  kernel_of = {"attention": "flash_attention", "additive_attention": "additive_attention"}
+  assert set(kernel_of) <= set(rows), sorted(rows)
+  for name, row in rows.items():
+    b = tiles[kernel_of[name]]
+    m = re.search(r'the "tpu" target\'s \((\d+)/(\d+), backward (\d+)/(\d+)'
+                  r'(?:, block_d = (\d+))?', row)
+    assert m, f"benchmarks.md's {name} row gives no tiles of the tpu target"
+    got = [int(g) for g in m.groups() if g is not None]
+    want = [b["block_q"], b["block_k"], b["block_q_bwd"], b["block_k_bwd"]] + (
+        [b["block_d"]] if "block_d" in b else [])
+    assert got == want, f"{name}: docs/benchmarks.md says {got}, kernels/targets/tpu.py {want}"
