@@ -1,5 +1,8 @@
 r"""Training throughput of a seq2seq config on real batches, per compute dtype, against the bare
-matmul ceiling of each dtype measured in the same run.
+matmul ceiling of each dtype measured in the same run. The config may be of any application
+whose task is sequence to sequence (translate, summarize, caption): the application registry
+says whose it is by its data section, and that task's step is timed; any other config is refused
+in one line naming those applications.
 
     python -m experiments.bench_train --config=experiments/configs/translate.py:multi30k \
         --config.model.rnn.decoder=bahdanau --compute_dtypes=float32,bfloat16 --steps=20 --rounds=2

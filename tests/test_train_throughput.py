@@ -2,6 +2,7 @@
 its step once per shape, XLA option sets reach the compiler and are timed beside the defaults,
 and a bad option set is refused before anything is set up."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from attn import training
 from attn.benchmarks import train_throughput
 from attn.errors import ConfigError
 from attn.training.evaluation import device_batch
+from experiments.configs import caption as caption_config
 from experiments.configs import translate as translate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,3 +104,30 @@ def test_no_ceiling_sizes_time_the_steps_without_a_ceiling(tmp_path, capsys):
   row = [l for l in table.splitlines() if l.startswith("| float32 |")]
   assert len(row) == 1 and row[0].rstrip(" |").endswith("| n/a | n/a | n/a")
   assert "ceiling:" not in capsys.readouterr().out
+
+
+def test_a_caption_config_times_the_captioners_own_step(tmp_path, capsys):
+  """The registry says whose config it is (its data section is the captioner's): bench_train
+  sets up that task and times its step, on its batches of image regions."""
+  config = caption_config.get_config("tiny")
+  assert train_throughput.application_of_config(config) == "caption"
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(), workdir=str(tmp_path))
+  table = train_throughput.run(config, settings)
+  assert len([l for l in table.splitlines() if l.startswith("| float32 |")]) == 1
+  out = capsys.readouterr().out
+  assert "compiled 1 bucket shapes x 1 runs" in out and "round 1 float32:" in out
+  assert "the rates below use the traced step's count" in out  # its image encoder is no RNN's
+  assert json.loads((tmp_path / "application.json").read_text()) == {"application": "caption"}
+
+
+def test_a_config_whose_task_is_not_seq2seq_is_refused_in_one_line(tmp_path):
+  done = subprocess.run([sys.executable, "-m", "experiments.bench_train",
+                         "--config=experiments/configs/recommend.py", "--steps=1",
+                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True,
+                        text=True, check=False, timeout=120)
+  assert done.returncode == 2, done.stderr[-2000:]
+  (line,) = done.stderr.strip().splitlines()
+  assert line.startswith("error: --config is a recommend config: bench_train times the training "
+                         "step of an application whose task is sequence to sequence (")
+  assert all(name in line for name in train_throughput.seq2seq_applications())
+  assert not (tmp_path / "w").exists()

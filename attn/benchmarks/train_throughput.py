@@ -1,5 +1,7 @@
 """Training throughput of a seq2seq config on real batches, per compute dtype, against the bare
 matmul ceiling of each dtype measured in the same run (entry point: experiments/bench_train.py).
+The config's application (`application_of_config`: translate, summarize, caption, any later one
+whose task is a `Seq2SeqTask`) sets up the run, so its own task's step is timed.
 
 Compiles the train step of every compute dtype for every bucket shape first (so no compilation
 is timed) and runs the batches once untimed, then times the same `steps` real training batches
@@ -32,7 +34,7 @@ from flax import nnx
 
 from attn import precision
 from attn.benchmarks import harness
-from attn.common import compile_cache
+from attn.common import applications, compile_cache
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
@@ -60,6 +62,36 @@ class Settings:
       raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
     if any(n < 1 for n in self.ceiling_sizes):
       raise ConfigError(f"--ceiling_sizes must be integers >= 1, got {list(self.ceiling_sizes)}")
+
+
+def seq2seq_applications() -> list[str]:
+  """The registered applications whose task is a `Seq2SeqTask` (a source encoded, a target
+  decoded, batches of src and tgt): those whose training step bench_train times."""
+  from attn.training.seq2seq_task import Seq2SeqTask  # pylint: disable=import-outside-toplevel
+  return [name for name, entry in applications.registry().items()
+          if entry.task is not None and issubclass(entry.task_class, Seq2SeqTask)]
+
+
+def application_of_config(config) -> str:
+  """The application whose config `config` is: a registered application whose task's `data`
+  section (its `sections["data"]` dataclass) has exactly the config's data fields. Where several
+  share them (translation and summarization, whose steps train alike), translate, the training
+  loop's default application, as bench_train read every config before it asked. A ConfigError,
+  one line naming the applications bench_train times, when it is none of theirs."""
+  fields = set(config.data.keys()) if "data" in config else set()
+  supported = seq2seq_applications()
+  matches = [name for name, entry in applications.registry().items()
+             if entry.task is not None and "data" in entry.task_class.sections
+             and fields == {f.name for f in dataclasses.fields(entry.task_class.sections["data"])}]
+  if not matches:
+    raise ConfigError("--config is the config of no registered application (its data fields "
+                      "are no task's): bench_train times the training step of "
+                      f"{', '.join(supported)} configs")
+  name = "translate" if "translate" in matches else matches[0]
+  if name not in supported:
+    raise ConfigError(f"--config is a {name} config: bench_train times the training step of an "
+                      f"application whose task is sequence to sequence ({', '.join(supported)})")
+  return name
 
 
 def matmul_ceiling(n: int, dtype_name: str) -> float:
@@ -137,7 +169,8 @@ def xla_option_sets(text: str) -> dict[str, dict]:
 
 
 def batch_shape(batch) -> tuple:
-  return batch["src"].shape + batch["tgt"].shape  # (B, Ts, B, Tt)
+  # (B, Ts, B, Tt); a source of features (the captioner's regions, [B, R, P*P]) by its first two
+  return batch["src"].shape[:2] + batch["tgt"].shape
 
 
 def compiled_batches(base, runs, steps, n: int):
@@ -146,8 +179,10 @@ def compiled_batches(base, runs, steps, n: int):
   from attn.models import cost  # pylint: disable=import-outside-toplevel
   from attn.training.evaluation import device_batch  # pylint: disable=import-outside-toplevel
   it, key, first = base.bundle.train_iter(0), jax.random.PRNGKey(0), next(iter(runs))
+  # A bundle that lists no shapes has one (the captioner's strips): the first batch's.
+  shapes = len(getattr(base.bundle, "train_shapes", ()))
   batches, counted = [], {}
-  while len(batches) < n or len(counted) < len(base.bundle.train_shapes):
+  while len(batches) < n or len(counted) < shapes:
     b = device_batch(next(it))
     if batch_shape(b) not in counted:
       for d, step in steps.items():
@@ -194,6 +229,9 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
   toks = np.array([float(b["tgt_lengths"].sum()) for b in batches] * s.rounds)
   traced = np.array([counted[sh] for sh in shapes])
   try:
+    if type(base.model) is not base.mc.architecture:  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(f"the model is a {type(base.model).__name__}, not its architecture's "
+                       "own, which the analytic count covers")
     analytic = np.array([cost.train_step_flops(base.mc, B, Ts, Tt) for B, Ts, _, Tt in shapes])
     source = "analytic"
   except ValueError as e:  # a variant the analytic count does not cover: the traced one counts
@@ -258,8 +296,9 @@ def run(config, s: Settings) -> str:
   from attn import training  # pylint: disable=import-outside-toplevel
   print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs); "
         f"{harness.cpu_line()}")
+  name = application_of_config(config)  # a config bench_train cannot run costs one line
   option_sets = {"": None, **xla_option_sets(s.xla_options)}
-  base = training.setup(config, s.workdir)
+  base = training.setup(config, s.workdir, task=name)
   variants = {(f"{d}, {name}" if name else d): (d, opts)
               for d in s.compute_dtypes or [base.tc.compute_dtype]
               for name, opts in option_sets.items()}
