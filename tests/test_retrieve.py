@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from attn.apps.focus import trained_with
+from attn.apps.retrieve import server as retrieve_server
 from attn.errors import ConfigError
+from attn.training.workdir import WorkdirError
 from attn.apps.retrieve import data as pools
 from attn.apps.retrieve import evaluation
 from attn.apps.retrieve import sweep as retrieve
@@ -153,6 +157,90 @@ def _tiny_sweep(**kw):
   return retrieve.RetrieveConfig(**{
       "stories": SMALL, "distractors": (0, 2), "modes": ("retrieve",), "dim": 8, "steps": 30,
       "batch_size": 8, "train_size": 60, "test_size": 40, "num_samples": 1, **kw})
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+  """(config, workdir) of a finished sweep of one model (retrieve, 2 distractors; seconds)."""
+  cfg = _tiny_sweep(distractors=(2,))
+  workdir = str(tmp_path_factory.mktemp("retrieve_sweep"))
+  retrieve.train_and_evaluate(cfg, workdir, verbose=False)
+  return cfg, workdir
+
+
+def _snapshot(workdir) -> dict:
+  """Every file under `workdir` (lock files aside) -> its size and modification time."""
+  out = {}
+  for root, _, names in os.walk(workdir):
+    for n in names:
+      if n != ".lock":
+        st = os.stat(os.path.join(root, n))
+        out[os.path.relpath(os.path.join(root, n), workdir)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+def test_a_rerun_with_other_training_settings_is_refused_before_anything_is_written(tiny_sweep,
+                                                                                    tmp_path):
+  """A rerun with another train_size, seed, ... used to measure the models trained on the old
+  data again and record the new settings in retrieve.json. A distractor count new to the
+  workdir, listed first, trains nothing before the refusal."""
+  cfg, workdir = tiny_sweep
+  before = _snapshot(workdir)
+  for change, shown in [({"train_size": 61}, "train_size=60 there, 61 here"),
+                        ({"seed": 1, "distractors": (0, 2)}, "seed=0 there, 1 here"),
+                        ({"retrieval_loss": 0.0}, "retrieval_loss=1.0 there, 0.0 here"),
+                        ({"top_k": 1}, "top_k=2 there, 1 here")]:
+    with pytest.raises(WorkdirError, match=rf"^workdir {re.escape(workdir)} holds models "
+                       rf"trained with other settings \({shown}; .*use another --workdir$"):
+      retrieve.train_and_evaluate(dataclasses.replace(cfg, **change), workdir, verbose=False)
+    assert _snapshot(workdir) == before, change
+  with open(os.path.join(workdir, trained_with.SETTINGS_FILE)) as f:
+    record = json.load(f)
+  assert record == trained_with.as_json(retrieve.trained_settings(cfg))
+  run = retrieve.run_dir(workdir, "retrieve", 2)
+  with open(os.path.join(run, "config.json")) as f:
+    assert trained_with.as_json(retrieve.settings_of_run(json.load(f))) == record
+  old = tmp_path / "old"  # a workdir from before the record: checked against its runs
+  shutil.copytree(workdir, old, ignore=shutil.ignore_patterns(".lock"))
+  os.remove(old / trained_with.SETTINGS_FILE)
+  with pytest.raises(WorkdirError, match=r"\(train_size=60 there, 61 here; recorded in .*runs/"):
+    retrieve.train_and_evaluate(dataclasses.replace(cfg, train_size=61), str(old), verbose=False)
+
+
+def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_one_line(
+    tiny_sweep, tmp_path):
+  _, workdir = tiny_sweep
+  focus_wd = tmp_path / "focus"
+  focus_wd.mkdir()
+  (focus_wd / "application.json").write_text(json.dumps({"application": "focus"}))
+  (focus_wd / "model.json").write_text(json.dumps({"stories": {}, "vocab": [], "readers": {}}))
+  (focus_wd / retrieve.SERVED_PARAMS).write_bytes(b"")
+  with pytest.raises(ConfigError, match=rf"^workdir {focus_wd} holds a focus run, not a retrieve "
+                     r"one: serve or inspect it with python -m experiments.focus"):
+    retrieve_server.RetrieveService.from_workdir(str(focus_wd))
+  retrain = "rerun without --serve_only to retrain, or use another --workdir$"
+  damaged = {}
+  for damage, name, why in [
+      (lambda text: text[:len(text) // 2], retrieve.MODEL_FILE, "JSONDecodeError"),
+      (lambda text: text.replace('"stories"', '"story"'), retrieve.MODEL_FILE,
+       "no field 'stories'"),
+      (None, retrieve.SERVED_PARAMS, "BadZipFile")]:
+    wd = tmp_path / f"damaged_{name}_{why[:4]}"
+    shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns(".lock", "runs"))
+    path = wd / name
+    if damage is None:
+      path.write_bytes(path.read_bytes()[:200])
+    else:
+      path.write_text(damage(path.read_text()))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is damaged or not this "
+                       rf"application's \({why}.*\): {retrain}"):
+      retrieve_server.RetrieveService.from_workdir(str(wd))
+    damaged[why] = wd
+  done = subprocess.run([sys.executable, "-m", "experiments.retrieve",
+                         f"--workdir={damaged['BadZipFile']}", "--serve_only", "--diagnose"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr[-2000:]
+  assert len(done.stderr.strip().splitlines()) == 1 and "is damaged" in done.stderr
 
 
 # slow: retrieve trains through the shared loop, whose Ctrl-C resume tests/test_recommend.py and

@@ -23,12 +23,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from attn.common import files
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.data import stories
 from attn.apps.focus.sweep import TEMPERATURE_RANGE
-from attn.apps.focus.server import BadRequest, bucket, check_query
+from attn.apps.focus.server import (NPZ_ERRORS, BadRequest, bucket, check_application,
+                                    check_query, damaged_file, read_saved_json)
 from attn.apps.retrieve.sweep import MODEL_FILE, SERVED_PARAMS
 from attn.models import reader
 from attn.apps.retrieve import model as retriever
@@ -74,19 +74,25 @@ class RetrieveService:
 
   @classmethod
   def from_workdir(cls, workdir: str) -> "RetrieveService":
+    """The model saved in `workdir` (attn.apps.retrieve.sweep). One ConfigError line when the
+    workdir holds another application's run, no trained model, or a damaged model.json or
+    retriever.npz."""
+    check_application(workdir, "retrieve")
     path = os.path.join(workdir, MODEL_FILE)
     params = os.path.join(workdir, SERVED_PARAMS)
     if not (os.path.exists(path) and os.path.exists(params)):
       raise ConfigError(f"no trained retriever in {workdir} ({MODEL_FILE} or {SERVED_PARAMS} is "
                         f"missing): run without --serve_only first")
-    saved = files.read_json(path)
-    if not isinstance(saved, dict):
-      raise ConfigError(f"{path} is not readable JSON: retrain (run without --serve_only)")
-    sc = stories.StoryConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                for k, v in saved["stories"].items()})
-    model = reader.restore_params(params, retriever.build(
-        retriever.RetrieverConfig(**saved["model"])))
-    return cls(sc, stories.Vocab(saved["vocab"]), model, saved.get("samples", []))
+    saved = read_saved_json(path)
+    with damaged_file(path):
+      sc = stories.StoryConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in saved["stories"].items()})
+      vocab = stories.Vocab(saved["vocab"])
+      mc = retriever.RetrieverConfig(**saved["model"])
+      samples = list(saved.get("samples", []))
+    with damaged_file(params, NPZ_ERRORS):
+      model = reader.restore_params(params, retriever.build(mc))
+    return cls(sc, vocab, model, samples)
 
   def info(self) -> dict:
     return {"normalizers": ["softmax"], "score": "dot", "title": TITLE,

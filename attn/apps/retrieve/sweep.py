@@ -16,7 +16,9 @@ passage, so nothing pulls the gold one in. `--retrieval_loss=0` trains end to en
 Each model trains through the one training loop (attn.training.loop; its task:
 attn.apps.retrieve.task.RetrieveTask) in its own workdir, <workdir>/runs/<mode>_d<n>/,
 so it gets the loop's divergence guard, Ctrl-C save, resuming and workdir lock: rerunning the
-same command resumes a sweep that was stopped.
+same command resumes a sweep that was stopped. The settings the models train with
+(`trained_settings`) are recorded beside them (attn.apps.focus.trained_with): a rerun with others
+(another --train_size, --seed, ...) is refused before anything is written.
 
 Metrics on the held-out pools, per mode and number of distractors:
 - recall@k: the gold story is among the k passages read (whole_pool reads every passage: 1);
@@ -33,6 +35,7 @@ import shutil
 
 from attn.common import files
 from attn.common.tables import markdown_table
+from attn.apps.focus import trained_with
 from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.apps.retrieve import data as pools
@@ -52,6 +55,11 @@ RUNS_DIR = "runs"  # one training-loop workdir per (mode, distractors): run_dir
 # What retrieve.json keeps of each run's results, per mode and number of distractors.
 ROW_FIELDS = ("distractors", "train_seconds", "final_loss", "passages", "recall_at_k",
               "answer_accuracy", "hop_hits")
+# The RetrieveConfig fields (besides the stories') that change what a model trains on or how: a
+# rerun with other values is refused (trained_with); the others only choose which models to train
+# (modes, distractors: each its own run) or measure and show them.
+TRAINED_WITH = ("train_size", "seed", "batch_size", "steps", "learning_rate", "retrieval_loss",
+                "dim", "hops", "top_k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +190,23 @@ def run_dir(workdir: str, mode: str, distractors: int) -> str:
   return os.path.join(workdir, RUNS_DIR, f"{mode}_d{distractors}")
 
 
+def trained_settings(cfg: RetrieveConfig) -> dict:
+  """The settings every model of `cfg` trains with, named as their flags (the stories' fields
+  and TRAINED_WITH): what trained_with.json records."""
+  return {**dataclasses.asdict(cfg.stories), **{k: getattr(cfg, k) for k in TRAINED_WITH}}
+
+
+def settings_of_run(config: dict) -> dict:
+  """`trained_settings` of the RetrieveConfig that made run config `config` (a run's
+  config.json, as retrieve_task.run_config lays it out): what a workdir from before
+  trained_with.json trained with."""
+  data, model, train = config["data"], config["model"]["retriever"], config["train"]
+  return {**data["stories"], "train_size": data["train_size"], "seed": data["seed"],
+          "batch_size": data["batch_size"], "steps": train["steps"],
+          "learning_rate": train["learning_rate"], "retrieval_loss": train["retrieval_loss"],
+          "dim": model["dim"], "hops": model["hops"], "top_k": model["top_k"]}
+
+
 def _copy(src: str, dst: str):
   with files.atomic_path(dst) as tmp:
     shutil.copyfile(src, tmp)
@@ -196,7 +221,9 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
   its checkpoint, and a finished one is measured again without training. Writes into workdir
   retrieve.json, retrieve.md, retrieve.png, model.json and retriever.npz (the first mode
   trained with the most distractors, what the page serves), and retrieve.html when `page` is
-  given. Returns the results (what retrieve.json holds)."""
+  given. Returns the results (what retrieve.json holds). A workdir whose models were trained
+  with other settings (`trained_settings`) is refused (WorkdirError) before anything is
+  written; the settings are recorded (trained_with.json) before any model trains."""
   from attn.training import loop  # pylint: disable=import-outside-toplevel
   say = print if verbose else (lambda *a, **k: None)
   sc = cfg.stories
@@ -212,6 +239,11 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
                       vocab)
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, "retrieve")  # another application's run is refused, not overwritten
+  runs = os.path.join(workdir, RUNS_DIR)
+  trained_with.check(workdir, trained_settings(cfg), trained_with.recorded(
+      workdir, [os.path.join(runs, n) for n in sorted(os.listdir(runs))]
+      if os.path.isdir(runs) else [], settings_of_run), "models")
+  trained_with.write(workdir, trained_settings(cfg))
   results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
   served = None
   for (d, mode), config in configs.items():
