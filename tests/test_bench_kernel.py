@@ -2,10 +2,16 @@
 FLOP counts each kernel's spec carries, and a tiny sweep end to end (checks pass, rows carry
 times and memory, files written)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from attn.benchmarks import kernels as bench
 from attn.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -18,6 +24,25 @@ from attn.errors import ConfigError
 def test_bad_settings_are_config_errors(bad, match):
   with pytest.raises(ConfigError, match=match):
     bench.BenchConfig(**bad)
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("block_q", 3, "--block_q must be a power of two >= 16, got 3"),
+    ("block_k", 0, "--block_k must be a power of two >= 16, got 0"),
+    ("block_k", 8, "--block_k must be a power of two >= 16, got 8"),
+    ("block_d", 3, "--block_d must be a power of two, got 3"),
+])
+def test_a_bad_tile_flag_is_one_error_line_naming_it(flag, value, says):
+  """The tiles are checked where the other flags are (by BlockSizes, the kernels' own check),
+  so a bad one is one `error:` line with exit status 2, before anything runs."""
+  with pytest.raises(ConfigError, match=f"^{says}$"):
+    bench.BenchConfig(**{flag: value})
+  assert bench.BenchConfig(**{flag: 16}).blocks is not None
+  done = subprocess.run([sys.executable, "-m", "experiments.bench_kernel", f"--{flag}={value}",
+                         "--outdir=/nonexistent/never_written"], cwd=REPO, capture_output=True,
+                        text=True, check=False, timeout=120)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == [f"error: {says}"]
 
 
 def test_repeats_per_length_default_to_repeats():

@@ -91,6 +91,10 @@ class BenchConfig:
                         f"{len(self.seq_lens)} --seq_lens")
     if not (self.seq_lens and self.head_dims and self.causal and self.modes):
       raise ConfigError("--seq_lens, --head_dims, --causal and --modes need a value each")
+    try:
+      self.blocks  # pylint: disable=pointless-statement  # BlockSizes checks the tiles itself
+    except ValueError as e:  # its message names the field: say the flag
+      raise ConfigError(str(e).replace("BlockSizes.", "--")) from None
 
   def repeats_at(self, T: int) -> int:
     """Timed calls at sequence length T."""
@@ -105,9 +109,10 @@ class BenchConfig:
   @property
   def blocks(self) -> BlockSizes | None:
     """The tiles the flags ask for, or None: each kernel's own."""
-    if not (self.block_q or self.block_k or self.block_d):
+    if self.block_q is None and self.block_k is None and self.block_d is None:
       return None
-    return BlockSizes(block_q=self.block_q or 64, block_k=self.block_k or 64,
+    default = lambda v: 64 if v is None else v  # (0 is a tile size to refuse, not the default)
+    return BlockSizes(block_q=default(self.block_q), block_k=default(self.block_k),
                       block_d=self.block_d)
 
 
