@@ -36,7 +36,7 @@ def _results(workdir):
 
 def by_digits(runs, path):
   """runs: [(label, results)]: two panels, exact match and digit accuracy by digit count."""
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  from attn.common.plots import pyplot  # pylint: disable=import-outside-toplevel
   plt = pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
   for ax, key, name in zip(axes, ("exact_match_by_digits", "digit_accuracy_by_digits"),
@@ -58,7 +58,7 @@ def by_digits(runs, path):
 def alignment(workdir, path):
   """The image above its [Tt, R] attention, columns under their cells, gold cells boxed."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  from attn.common.plots import pyplot  # pylint: disable=import-outside-toplevel
   with np.load(os.path.join(workdir, "attention.npz")) as npz:
     ids = [int(i) for i in npz["example_ids"]]
     if f"image_{ids[0]}" not in npz:

@@ -24,7 +24,7 @@ from attn.common.files import write_json
 from attn.common.tables import markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import plots
+from attn.common import plots
 from attn.launching import cli
 
 

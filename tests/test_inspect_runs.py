@@ -16,7 +16,8 @@ import pytest
 from attn import training
 from attn.data.tokenize import JOINER, word_tokenize
 from attn.errors import DataError
-from attn.inspection import diagnosis_report, plots, viewer
+from attn.common import plots
+from attn.inspection import diagnosis_report, viewer
 from attn.launching import entry_points
 import test_summarize
 

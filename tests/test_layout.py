@@ -1,7 +1,7 @@
 """The layering the README and docs/architectures.md draw: attn/'s root holds the primitives only
-and they never import the rest of attn, no layer below the applications (attn/apps/) imports
-them, no modules import each other in a circle, kernels import nothing from attn, and the kernel
-benchmark runs with jax alone."""
+and they never import the rest of attn, no package imports a layer above it (LAYERS), no layer
+below the applications (attn/apps/) imports them, no modules import each other in a circle,
+kernels import nothing from attn, and the kernel benchmark runs with jax alone."""
 
 import ast
 import collections
@@ -50,7 +50,7 @@ def test_kernels_and_their_benchmark_import_nothing_of_attn_but_plotting():
              "attn.benchmarks.kernel_impls", "attn.benchmarks.harness",
              "attn.config", "attn.config.configurable",  # settings dataclasses (no jax)
              "attn.common", "attn.common.files", "attn.common.tables",  # writer, tables
-             "attn.inspection", "attn.inspection.plots")  # matplotlib only
+             "attn.common.plots", "attn.common.joiner")  # matplotlib only
   heavy = [m for m in loaded if m not in allowed
            and m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
   assert not heavy, heavy  # the GPU machine has jax but no data libraries
@@ -240,3 +240,36 @@ def test_optimizers_are_stepped_in_attn_training_only():
   outside = {p for p in stepping if not p.startswith("attn/training/")}
   assert outside == OWN_STEPS, (sorted(outside - OWN_STEPS), sorted(OWN_STEPS - outside))
   assert "attn/training/step.py" in stepping  # the loop's own step (train_step)
+
+
+# The layers of docs/architectures.md, lowest first: a package imports only from its own rank and
+# below (and the primitives at attn/'s root). Packages on one rank may import each other.
+LAYERS = (("attn.common", "attn.config"), ("attn.data", "attn.models"),
+          ("attn.decoding", "attn.evaluation"), ("attn.training",), ("attn.launching",),
+          ("attn.inspection", "attn.benchmarks"), ("attn.apps",))
+
+
+def _layer(module):
+  """The rank of `module`'s package in LAYERS, or None for the primitives (attn's root)."""
+  for rank, packages in enumerate(LAYERS):
+    if any(module == p or module.startswith(p + ".") for p in packages):
+      return rank
+  return None
+
+
+def test_no_package_imports_a_layer_above_it():
+  """At top level or inside a function: e.g. training and launching draw their figures with
+  attn.common.plots, never through attn.inspection (the look-inside tools, which read finished
+  runs through training and launching)."""
+  assert {p for packages in LAYERS for p in packages} == set(APPLICATION)
+  bad = []
+  for module, path in _module_files().items():
+    rank = _layer(module)
+    if rank is None:
+      continue
+    for name in sorted(set(_imported_names(module, path))):
+      other = _layer(name)
+      if other is not None and other > rank:
+        bad.append(f"{os.path.relpath(path, REPO)} imports {name} ({LAYERS[other]} is above "
+                   f"{LAYERS[rank]})")
+  assert not bad, "\n".join(bad)

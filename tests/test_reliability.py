@@ -140,7 +140,7 @@ def test_each_step_draws_its_own_dropout_key_and_resume_draws_the_same(tmp_path)
 def test_heatmap_labels_match_the_weights_even_without_eos_or_with_specials(tmp_path):
   """A short run's output may never emit EOS, or emit PAD/BOS mid-sequence: the heatmap still
   gets one label per row and column (the plot used to raise after results were computed)."""
-  from attn.inspection import plots
+  from attn.common import plots
   from attn.data.tokenize import TokenizerSpec, Vocab
   vocab = Vocab(["a", "b", "\u2581c"], TokenizerSpec(kind="space"))
   out = [4, 0, 1, 6, 5, 4, 99]  # PAD, BOS mid-output, an id past the vocabulary, no EOS

@@ -11,7 +11,7 @@ FLOPs: dot forward 4·B·H·Tq·Tk·d; additive forward B·H·Tq·Tk·(2·d_attn
 the dot stages); both halved when causal; backward 2.5x forward, so fwd_bwd is 3.5x forward.
 The matmul peak is a square matmul in the benchmark's dtype timed in the same run.
 Imports nothing beyond jax, numpy and the kernels (and, lazily for the plot, matplotlib through
-`attn.inspection.plots`, which needs no data extras), so it runs on the GPU machine.
+`attn.common.plots`, which needs no data extras), so it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from attn.common.files import atomic_path, write_text
 from attn.common.tables import markdown_table as _markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import plots
+from attn.common import plots
 from kernels import BlockSizes
 
 MODES = ("fwd", "fwd_bwd")

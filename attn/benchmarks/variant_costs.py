@@ -72,7 +72,7 @@ from attn.common.files import atomic_path, write_json, write_text
 from attn.common.tables import markdown_table as _markdown_table
 from attn.config.configurable import option
 from attn.errors import ConfigError
-from attn.inspection import plots
+from attn.common import plots
 from attn.models.config import AttentionRole, ModelConfig, TransformerConfig
 from attn.models.transformer_attention import Attention, fused_unsupported
 from attn.models.transformer_layers import TransformerEncoder

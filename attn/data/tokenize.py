@@ -31,10 +31,10 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from attn.common.files import write_json
+from attn.common.joiner import JOINER  # "￭", OpenNMT Tokenizer's joiner (plots strip it)
 from attn.data.base import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, DataError
 from attn.registry import Registry
 
-JOINER = "\uffed"  # "￭", OpenNMT Tokenizer's joiner
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
 VOCAB_FORMAT = 1
 _SPM_MAX_SENTENCES = 2_000_000

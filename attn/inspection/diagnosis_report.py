@@ -87,7 +87,7 @@ def _heads_lines(heads) -> list[str]:
 def plot(diag, directory) -> list[str]:
   """Writes the three PLOTS of a `diagnosis.Diagnosis` (and HEADS_PLOT for a multi-head model)
   into `directory`; returns their paths."""
-  from attn.inspection import plots as viz  # pylint: disable=import-outside-toplevel
+  from attn.common import plots as viz  # pylint: disable=import-outside-toplevel
   plt = viz.pyplot()
   s, r = diag.steps, diag.report
   title = f"{r['model']['decoder']}/{r['model']['score']}"

@@ -11,7 +11,7 @@ import sys
 
 from attn.common.files import write_text
 from attn.common.tables import format_cell, markdown_table
-from attn.inspection import plots
+from attn.common import plots
 from attn.launching import columns as columns_lib
 from attn.launching import rundirs, spread
 from attn.launching.columns import MISSING, lookup

@@ -309,7 +309,7 @@ def write_results(run, ckpt, role="test") -> dict:
                            "".join(hyps.text[i] + "\n" for i in ids))
     write_attention(run, role, hyps, sample)
   if primary and run.mc.has_attention and sample:
-    from attn.inspection import plots  # pylint: disable=import-outside-toplevel
+    from attn.common import plots  # pylint: disable=import-outside-toplevel
     i = max(sample, key=lambda j: hyps.src_lengths[j])  # the longest sampled source
     plots.heatmap(hyps.weights[i], hyps.src_labels[i], hyps.tgt_labels[i],
                 os.path.join(run.workdir, "attention.png"),

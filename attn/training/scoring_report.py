@@ -65,7 +65,7 @@ def length_table(rows, split: str) -> str:
 
 def _line_plot(series, *, xlabel: str, ylabel: str, title: str, path: str) -> None:
   """One line with markers per (label, xs, ys) of `series`, saved as a PNG at `path`."""
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  from attn.common.plots import pyplot  # pylint: disable=import-outside-toplevel
   plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
   for label, xs, ys in series:

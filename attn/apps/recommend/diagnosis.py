@@ -265,7 +265,7 @@ def format_table(report) -> str:
 
 def plot(diag, directory) -> list[str]:
   """PLOTS: the per-user tau histogram; HR@10 / NDCG@10 under each intervention."""
-  from attn.inspection import plots as viz  # pylint: disable=import-outside-toplevel
+  from attn.common import plots as viz  # pylint: disable=import-outside-toplevel
   plt = viz.pyplot()
   r, u = diag.report, diag.users
   paths = [os.path.join(directory, p) for p in PLOTS]

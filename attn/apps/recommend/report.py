@@ -10,7 +10,7 @@ import os
 from attn.common import files
 from attn.common.tables import format_cell, markdown_table
 from attn.errors import ConfigError, DataError
-from attn.inspection.plots import pyplot
+from attn.common.plots import pyplot
 
 
 def load(workdirs) -> list[tuple[str, dict]]:

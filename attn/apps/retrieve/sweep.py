@@ -162,7 +162,7 @@ def results_table(results: dict) -> str:
 
 def plot(results: dict, path: str):
   """Answer accuracy and recall@k against the number of distractors, one line per mode."""
-  from attn.inspection.plots import pyplot  # pylint: disable=import-outside-toplevel
+  from attn.common.plots import pyplot  # pylint: disable=import-outside-toplevel
   plt = pyplot()
   d = results["config"]["distractors"]
   x = [max(v, 0.5) for v in d]  # 0 distractors on a log axis

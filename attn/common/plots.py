@@ -1,8 +1,12 @@
-"""Pictures of what attention learned: alignment heatmaps (matplotlib, Agg backend)."""
+"""Pictures of what attention learned: alignment heatmaps (matplotlib, Agg backend), and the
+pyplot every figure of the project is drawn with. Below training, launching, the benchmarks and
+the look-inside tools, which all draw with it; it imports nothing of attn but the joiner mark."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from attn.common.joiner import JOINER
 
 
 def pyplot():
@@ -14,9 +18,8 @@ def pyplot():
 
 
 def display_label(token) -> str:
-  """A token as the reader sees it in the text: the word tokenizer's joiner mark (attn.data.
-  tokenize.JOINER: "no space on this side", a glyph plot fonts lack) removed."""
-  from attn.data.tokenize import JOINER  # pylint: disable=import-outside-toplevel
+  """A token as the reader sees it in the text: the word tokenizer's joiner mark (attn.common.
+  joiner.JOINER: "no space on this side", a glyph plot fonts lack) removed."""
   text = str(token)
   return text.replace(JOINER, "")
 
