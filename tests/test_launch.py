@@ -216,6 +216,10 @@ def test_unreadable_results_json_is_rerun_not_a_traceback(tmp_path, fake, capsys
     (["--set=data.vocab_size=3"], r"^error: data config: vocab_size=3 leaves no room for a word"),
     # Before: a misspelt task passed --dry_run and was refused inside the run, after the workdir
     # had its .lock and application.json.
+    (["--set=model.fused=tritn"],
+     r"^error: unknown model\.fused 'tritn'; known: auto, triton, .*cpu_blocked"),
+    (["--set=model.fused=1"], r"^error: model\.fused=1: give True, False, 'auto' or a kernel "
+                              r"target's name"),
     (["--set=data.task=revers"],
      r"^error: unknown data\.task 'revers'; known: copy, dates, jsonl, numbers, parallel_text, "
      r"reverse, tfds$"),
@@ -229,6 +233,22 @@ def test_bad_combinations_fail_before_anything_runs(tmp_path, fake, capsys, args
   lines = err.strip().splitlines()
   assert len(lines) == 1 and re.search(message, lines[0]), err
   assert not (tmp_path / "results.md").exists()
+
+
+def test_fused_takes_a_boolean_auto_or_a_target_name(tmp_path, fake, capsys):
+  # Before: any value but a boolean was refused as "Non-boolean argument to boolean flag" (the
+  # flag's type came from the default, False), though the field's help offers target names.
+  rc, out, err = sweep(tmp_path, "--set=model.rnn.decoder=luong",
+                       "--set=model.rnn.input_feeding=False",
+                       "--sweep=model.fused=false,True,auto,cpu_blocked", "--dry_run",
+                       capsys=capsys)
+  assert rc == 0 and err == "", err
+  assert [l.split("--config.model.fused=")[1] for l in out.splitlines()] == [
+      "false", "True", "auto", "cpu_blocked"]
+  values = [entry_points.build_config(SMOKE[len("--config="):], [("model.fused", v)]).model.fused
+            for v in ("false", "True", "auto", "cpu_blocked")]
+  assert values == [False, True, "auto", "cpu_blocked"]
+  assert entry_points.build_config(SMOKE[len("--config="):], []).model.fused is False
 
 
 def test_launch_usage_errors_are_one_line(tmp_path, fake, capsys):

@@ -53,13 +53,21 @@ def _settable_values(obj) -> dict:
   return {f.name: getattr(obj, f.name) for f in settable_fields(type(obj))}
 
 
+def _takes_several_types(field: dataclasses.Field) -> bool:
+  """A field annotated with a union of types besides None (`bool | str`). Annotations are strings
+  under `from __future__ import annotations`."""
+  kinds = {t.strip() for t in str(field.type).split("|")} - {"None", "NoneType"}
+  return len(kinds) > 1
+
+
 def config_dict(cls, **overrides):
   """An ml_collections ConfigDict holding every settable field of `cls` at its default, then
   `overrides` (unknown names are refused: a preset cannot invent a field). A field whose default
   is a dataclass instance becomes a nested ConfigDict of that dataclass's fields (so
   `--config.model.transformer.cross.scope=topk` works); its override is a dict of some of those fields."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  defaults = {f.name: f.default for f in settable_fields(cls)}
+  fields = {f.name: f for f in settable_fields(cls)}
+  defaults = {name: f.default for name, f in fields.items()}
   unknown = sorted(set(overrides) - set(defaults))
   if unknown:
     raise ConfigError(f"unknown {cls.__name__} fields {unknown}; "
@@ -71,7 +79,14 @@ def config_dict(cls, **overrides):
       values = _settable_values(v) if is_section(v) else {**_settable_values(default),
                                                            **as_dict(v)}
       v = config_dict(type(default), **values)
-    setattr(cfg, k, tuple(v) if isinstance(v, list) else v)
+    v = tuple(v) if isinstance(v, list) else v
+    if _takes_several_types(fields[k]):
+      # ml_collections types a command-line override by the default's type: a bool default
+      # would make `--config.model.fused=triton` a "Non-boolean argument to boolean flag". An
+      # `object` field is parsed as a Python literal instead (true/True/False -> bool, any other
+      # word a string); the dataclass then checks the value.
+      v = ml_collections.FieldReference(v, field_type=object)
+    setattr(cfg, k, v)
   return cfg
 
 

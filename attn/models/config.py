@@ -150,6 +150,9 @@ class ModelConfig:
   def __post_init__(self):
     # The registry names of every section (arch, fused, rnn.score, transformer.cross.scope, ...),
     # also for a config built here rather than from a config file (configurable.from_config).
+    if not isinstance(self.fused, (bool, str)):  # (the command line parses it as a literal)
+      raise ConfigError(f"model.fused={self.fused!r}: give True, False, 'auto' or a kernel "
+                        "target's name (kernels.targets)")
     configurable.check_names(ModelConfig, self, section="model")
     _check_unread_sections(self)
     if min(self.src_vocab, self.tgt_vocab) < 1:
