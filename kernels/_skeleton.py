@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.extend import core as jex_core
+from jax.interpreters import mlir
 
 from kernels import _common, launch, targets
 from kernels._common import MIN_BLOCK, BlockSizes
@@ -228,6 +230,10 @@ def _run_padded(kernel: FusedKernel, target: Target, q, k, v, theta, kl, ql, *, 
   dv_p = max(MIN_BLOCK, _common.next_pow2(dv))
   cfg = Config(causal=bool(causal), blocks=blocks, target=target, poison=poison,
                score_kw=tuple(sorted(score_kw.items())))
+  B, H = q.shape[0], q.shape[2]
+  if B == 0 or H == 0:  # no rows or no heads: an empty grid, nothing to launch or differentiate
+    return (jnp.zeros((B, Tq_p, H, dv_p), v.dtype),
+            jnp.full((B, Tq_p, H), -jnp.inf, jnp.float32))
   # Operands in the launch's layout (a transpose only for head-major), padded only where a
   # length is not a multiple of the tiles or a width not a power of two: `pad_axis` is the
   # identity otherwise, so a [B, T, H, d] call with such shapes reaches Triton untouched.
@@ -242,14 +248,37 @@ def _run_padded(kernel: FusedKernel, target: Target, q, k, v, theta, kl, ql, *, 
   return layout.arrange(out), layout.arrange(lse)
 
 
+def no_target_error(platform: str, platforms) -> ValueError:
+  """The one error for compiled Pallas asked of a platform none of `platforms` is."""
+  return ValueError(f"no compiled Pallas target for platform {platform!r} (targets for: "
+                    f"{', '.join(platforms)}); pass interpret=True or a target")
+
+
+# The branch of the compiled Pallas path for a platform no target compiles for (a CPU, with
+# interpret=False): `lax.platform_dependent` picks the branch when the call is lowered, so the
+# error must come then too; raised while tracing it would also refuse lowering for the other
+# platforms from a CPU host (jax.export for cuda or tpu). Without this branch that lowering
+# fails inside MLIR ("platform_index ... not found for platform cpu").
+_no_target_p = jex_core.Primitive("no_compiled_pallas_target")
+_no_target_p.multiple_results = True
+_no_target_p.def_abstract_eval(lambda *, avals, platforms: list(avals))
+
+
+def _no_target_lowering(ctx, *, avals, platforms):
+  del avals
+  raise no_target_error(ctx.module_context.platforms[0], platforms)
+
+
+mlir.register_lowering(_no_target_p, _no_target_lowering)
+
+
 def _host_target(chosen) -> Target:
   """One target from `resolve_target`'s answer: a table is read for the host's platform."""
   if isinstance(chosen, Target):
     return chosen
   platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
   if platform not in chosen:
-    raise ValueError(f"no compiled Pallas target for platform {platform!r} (targets for: "
-                     f"{', '.join(chosen)}); pass interpret=True or a target")
+    raise no_target_error(platform, chosen)
   return chosen[platform]
 
 
@@ -298,8 +327,12 @@ def _impl_pallas(kernel, chosen, q, k, v, theta, kl, ql, *, causal, tiles, score
     return run(chosen, q, k, v, theta, kl, ql)  # interpreted: runs wherever it is traced
   if isinstance(chosen, Target):  # compiled: lowering for a platform it lacks is refused there
     chosen = {p: chosen for p in chosen.platforms}
+  B, H = q.shape[0], q.shape[2]
+  avals = (jax.core.ShapedArray((B, Tq, H, dv), v.dtype),  # out, lse
+           jax.core.ShapedArray((B, Tq, H), jnp.float32))
+  refuse = lambda *_: tuple(_no_target_p.bind(avals=avals, platforms=tuple(chosen)))
   # Tiles, padding and launch chosen together per platform at lowering, not from the host.
-  return lax.platform_dependent(q, k, v, theta, kl, ql,
+  return lax.platform_dependent(q, k, v, theta, kl, ql, default=refuse,
                                 **{p: functools.partial(run, t) for p, t in chosen.items()})
 
 

@@ -10,6 +10,8 @@ the other sequence, VMEM scratch) on JAX's TPU interpreter, which reads unset sc
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -296,3 +298,81 @@ def test_an_empty_batch_gives_the_empty_result_on_every_implementation(implement
   with pytest.raises(ValueError, match="empty head dim or sequence"):
     kernels.attention(jnp.zeros((3, 0, 2, 8)), jnp.ones((3, 7, 2, 8)),
                       jnp.ones((3, 7, 2, 6)), implementation=implementation)
+
+
+def _no_head_calls():
+  """Both kernels' public forms on inputs with no heads: {name: f(q, k, v, w) -> out}."""
+  return {
+      "dot": lambda q, k, v, w, **kw: kernels.attention(q, k, v, **kw),
+      "additive": lambda q, k, v, w, **kw: kernels.additive_attention(q, k, w, v, **kw),
+  }
+
+
+@pytest.mark.parametrize("kernel", ["dot", "additive"])
+@pytest.mark.parametrize("implementation, interpret", [
+    ("pallas", None), ("pallas", pltpu.InterpretParams()), ("blocked", None)])
+def test_no_heads_give_the_empty_result_and_gradients_of_the_dense_path(kernel, implementation,
+                                                                        interpret):
+  """H = 0 attends to nothing: the Pallas path (the GPU launch's interpreter and the TPU
+  launch's, head-major) returns what the dense path does, out [B, Tq, 0, dv] and lse [B, Tq, 0],
+  and empty gradients of every input, instead of slicing a head out of an empty axis."""
+  q, k, v = jnp.zeros((2, 5, 0, 8)), jnp.ones((2, 7, 0, 8)), jnp.ones((2, 7, 0, 6))
+  w = jnp.ones((0, 8))
+  f = _no_head_calls()[kernel]
+  kw = {} if interpret is None else {"interpret": interpret}
+
+  def result(**kw):
+    out = f(q, k, v, w, **kw)
+    grads = jax.grad(lambda *a: f(*a, **kw).sum(), argnums=(0, 1, 2, 3))(q, k, v, w)
+    return [(x.shape, x.dtype) for x in (out, *grads)]
+
+  dense = result(implementation="xla")
+  assert dense[0] == ((2, 5, 0, 6), v.dtype)
+  assert result(implementation=implementation, **kw) == dense
+  if kernel == "dot":
+    out, lse = kernels.attention_with_lse(q, k, v, implementation=implementation, **kw)
+    assert (lse.shape, lse.dtype) == ((2, 5, 0), jnp.float32) and out.shape == (2, 5, 0, 6)
+    out, lse = kernels.pallas_attention_padded(q, k, v, interpret=True)
+    assert out.shape[0::2] == (2, 0) and lse.shape[:2] == (2, 0)
+
+
+def test_no_heads_lower_for_a_gpu_with_nothing_to_launch():
+  """The compiled targets take the same way out: a call with no heads lowers for CUDA (from
+  this host) with no kernel in it."""
+  x = jax.ShapeDtypeStruct((2, 64, 0, 32), jnp.float32)
+  f = lambda q: kernels.attention(q, q, q, implementation="pallas", interpret=False)
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(x).mlir_module()
+  assert "triton" not in text
+
+
+_ENTRY_POINTS = {
+    "attention": lambda q, w, **kw: kernels.attention(q, q, q, **kw),
+    "attention_with_lse": lambda q, w, **kw: kernels.attention_with_lse(q, q, q, **kw),
+    "additive_attention": lambda q, w, **kw: kernels.additive_attention(q, q, w, q, **kw),
+    "additive_attention_with_lse":
+        lambda q, w, **kw: kernels.additive_attention_with_lse(q, q, w, q, **kw),
+    "attention_grad": lambda q, w, **kw: jax.grad(
+        lambda q: kernels.attention(q, q, q, **kw).sum())(q),
+    "additive_under_jit": lambda q, w, **kw: jax.jit(
+        lambda q: kernels.additive_attention(q, q, w, q, **kw))(q),
+    "pallas_attention_padded":
+        lambda q, w, **kw: kernels.pallas_attention_padded(q, q, q, interpret=False),
+    "pallas_additive_attention_padded": lambda q, w, **kw: (
+        kernels.pallas_additive_attention_padded(q, q, w, q, interpret=False)),
+}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a compiled target exists here")
+@pytest.mark.parametrize("target", ["auto", "triton"])
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+def test_compiled_pallas_on_a_cpu_is_one_clear_error_from_every_entry_point(entry, target):
+  """interpret=False on a CPU host asks for a compiled kernel no target has: every public entry
+  point says so in the same words (raised when the call is lowered for the CPU, so lowering for
+  a GPU or TPU from this host still works: tests/test_kernels_lowering.py)."""
+  q, w = jnp.ones((1, 8, 2, 16)), jnp.ones((2, 16))
+  kw = dict(implementation="pallas", interpret=False, target=target)
+  with pytest.raises(ValueError) as raised:
+    _ENTRY_POINTS[entry](q, w, **kw)
+  first = str(raised.value).splitlines()[0]  # (JAX adds a note on its filtered traceback)
+  assert re.fullmatch(r"no compiled Pallas target for platform 'cpu' \(targets for: cuda, rocm"
+                      r".*\); pass interpret=True or a target", first), first
