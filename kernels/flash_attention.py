@@ -359,9 +359,11 @@ def attention_with_lse(q, k, v, *, key_lengths=None, query_lengths=None, causal:
   block_q, block_k: tile sizes (powers of two >= 16), or block_sizes=BlockSizes(...) for the
     backward tiles and Triton launch parameters too. interpret: force Pallas interpret mode
     (True: the target's interpreter; `pltpu.InterpretParams()`: the TPU launch on JAX's TPU
-    interpreter); None interprets on a CPU host.
+    interpreter); None interprets on a CPU host. False on a platform no target compiles for (a
+    CPU) raises ValueError when the call is lowered for it.
   Returns (out [B, Tq, H, dv] in the input dtype, lse [B, Tq, H] float32). A query row with no
-  visible key gets out = 0 and lse = -inf, and zero gradients. Differentiable (custom_vjp).
+  visible key gets out = 0 and lse = -inf, and zero gradients; no examples or no heads (B or H
+  of 0) give the empty result. Differentiable (custom_vjp).
   """
   kl, ql = _skeleton.check(KERNEL, q, k, v, None, key_lengths, query_lengths)
   return _skeleton.dispatch(KERNEL, q, k, v, None, kl, ql, causal=causal,
