@@ -52,7 +52,7 @@ class ScoreSettings:
   """The flags of `python -m experiments.score`."""
   workdirs: tuple[str, ...] = option((), "Finished runs (translate or summarize), comma-separated.")
   splits: tuple[str, ...] = option(
-      (), "Splits of each run's data to score (e.g. Multi30k's test_2016_flickr, "
+      (), "Splits of each run's data to score, by plain name (e.g. Multi30k's test_2016_flickr, "
           "test_2017_flickr, test_2017_mscoco, test_2018_flickr); default: each run's own test "
           "split.")
   checkpoints: str = option(
@@ -116,6 +116,9 @@ def main(argv):
   tasks = entry_points.finished_experiments(settings.workdirs, tuple(table))
   # pylint: disable-next=import-outside-toplevel  (after flag parsing: jax, the data libraries)
   from attn.training import scoring, scoring_report
+  scoring.check_split_names(settings.splits, "splits")  # (its files go to each run's scores/)
+  if settings.tune_split:
+    scoring.check_split_names([settings.tune_split], "tune_split")
   scoring.check_tune_split(tasks, settings.tune_split, settings.splits)
   progress = functools.partial(print, flush=True)
   metrics = tuple(dict.fromkeys(m for t in tasks.values() for m in table[t]))

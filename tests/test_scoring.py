@@ -365,6 +365,31 @@ def test_tuning_on_a_built_in_tasks_test_split_is_one_line_before_any_decoding(m
                  for _, _, names in os.walk(workdir) for name in names)
 
 
+@pytest.mark.parametrize("flag,bad", [("splits", "../../../x"), ("splits", "test,sub/x"),
+                                      ("tune_split", "..")])
+def test_a_split_that_is_a_path_is_one_line_before_anything_is_written(marked_run, tmp_path,
+                                                                       flag, bad):
+  # Before: --splits=../../../x decoded the run's test split and wrote x.beam2.json three
+  # directories above <run>/scores/best, outside the run.
+  workdir, _ = marked_run
+  before = sorted(os.walk(os.path.dirname(workdir)))
+  out = tmp_path / "scores"
+  args = [f"--{flag}={bad}"] + (["--length_penalty=0,1"] if flag == "tune_split" else [])
+  p = subprocess.run([sys.executable, "-m", "experiments.score", f"--workdirs={workdir}",
+                      "--beam_size=2", *args, f"--out={out}"],
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     capture_output=True, text=True, timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+  name = next(n for n in bad.split(",") if "/" in n or n == "..")
+  assert lines[0] == (f"error: --{flag}={bad}: {name!r} is not a split name: a split is named "
+                      "plainly (no path separator, not '.' or '..'), e.g. test_2016_flickr")
+  assert sorted(os.walk(os.path.dirname(workdir))) == before and not out.exists()
+  with pytest.raises(ConfigError, match="'a/b' is not a split name"):
+    scoring.check_split_names(["a/b"], "splits")
+  scoring.check_split_names(["test_2016_flickr", "dev", "test"], "splits")  # plain names pass
+
+
 @pytest.mark.parametrize("corpus", ["multi30k", "tmp"])
 def test_tuning_on_a_corpus_split_is_refused_only_where_it_is_scored(tmp_path, corpus):
   """A corpus decodes the split named: tuning is refused on the split scored (the recorded

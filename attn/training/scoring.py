@@ -89,8 +89,21 @@ def kept_checkpoints(workdir: str, which: str) -> list[Kept]:
   return out
 
 
+def check_split_names(splits, flag: str) -> None:
+  """ConfigError (one line) for a name of `splits` that is not a plain name: a split's decodings
+  are written to scores/<checkpoint>/<split>.beam<K>.*, so a path separator or `..` would write
+  them outside the run (`--splits=../../../x`). `flag`: the flag that gave them, for the
+  message."""
+  for split in splits:
+    if split in ("", ".", "..") or any(c in split for c in ("/", "\\", os.sep, "\0")):
+      raise ConfigError(f"--{flag}={','.join(splits)}: {split!r} is not a split name: a split is "
+                        "named plainly (no path separator, not '.' or '..'), e.g. "
+                        "test_2016_flickr")
+
+
 def _cache_path(workdir: str, kept: Kept, split: str, beam_size: int, ext: str,
                 search=None) -> str:
+  check_split_names([split], "splits")  # (the entry point checks first: this guards the library)
   settings = "".join(f".{k}{v:g}" for k, v in sorted((search or {}).items()))
   return os.path.join(workdir, "scores", kept.name, f"{split}.beam{beam_size}{settings}.{ext}")
 
