@@ -10,7 +10,9 @@ Writes focus.json, focus.md (evidence hit rate and answer accuracy per normalize
 temperature, training time), reader_<normalizer>.npz, model.json and focus.html into the workdir.
 Each reader trains through the one training loop (attn.training.loop) in its own run,
 <workdir>/runs/<normalizer>/: rerunning the same command resumes an interrupted demo from its
-last checkpoint (Ctrl-C saves the current step first), and a loss that diverges stops it.
+last checkpoint (Ctrl-C saves the current step first), and a loss that diverges stops it. A
+rerun with other training settings (another --train_size, --seed, ...: trained_with.json records
+them) is refused in one line; use another --workdir.
 With --port > 0 it then serves the page on http://127.0.0.1:PORT/ until Ctrl-C. Every field of
 attn.apps.focus.sweep.FocusConfig (and of its stories section) is a flag: --dim, --train_size,
 --object_questions, ...

@@ -12,7 +12,8 @@ weights.
 Each model trains through the one training loop (attn.training.loop) in its own workdir,
 <workdir>/runs/<mode>_d<distractors>/: Ctrl-C saves the current step, rerunning the same command
 resumes the sweep where it stopped, and a diverging loss stops it before anything after it is
-saved.
+saved. A rerun with other training settings (another --train_size, --seed, ...: trained_with.json
+records them) is refused in one line; use another --workdir.
 
 Writes retrieve.json, retrieve.md (recall@k, answer accuracy and hop hits per mode and number of
 distractors, training time), retrieve.png (the same against distractors), retriever.npz and
