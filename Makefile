@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run demo browser test test-slow gpu-check peer-venv clean
+.PHONY: setup run demo browser slurm test test-slow test-slurm gpu-check peer-venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,24 @@ browser:
 	  echo "could not install chromium: the browser tests will skip"; \
 	else echo "chromium is not installed and this is not root with apt: the browser tests will skip"; fi
 
+# Slurm (slurm-wlm: slurmctld, slurmd and the client commands) and munge for the tests that run
+# launch.py's Slurm launcher and srun on a one-node cluster of this machine
+# (tests/slurm_cluster.py), from the OS packages when we are root with apt; otherwise, or if the
+# cluster does not come up, those tests skip with one line saying why. Then the cluster is
+# started, `sinfo` shown, and stopped: `python tests/slurm_cluster.py -- <command>` runs a
+# command with it up (SLURM_CONF set).
+slurm: $(STAMP)
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+	  && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing slurm-wlm and munge for the Slurm tests"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1; } || \
+	  echo "could not install slurm-wlm and munge: the Slurm tests will skip"; \
+	else echo "slurm-wlm is not installed and this is not root with apt: the Slurm tests will skip"; fi
+	@$(BIN)/python tests/slurm_cluster.py || echo "the Slurm tests will skip"
+
 # Test files are spread over PYTEST_WORKERS processes (pytest-xdist), each file kept in one
 # worker so its module fixtures (a trained run several tests read) are built once. Most tests are
 # bound by single-threaded XLA compilation, so two workers use both cores of a CI machine.
@@ -59,6 +77,12 @@ test: $(STAMP) browser
 test-slow: $(STAMP)
 	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
 	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) -m slow $(PYTEST_ARGS)
+
+# launch.py's Slurm launcher and `srun ... --distributed=auto` on a one-node Slurm of this
+# machine (tests/test_slurm.py, the `slurm` marker; ~4 min on 2 cores, so not in `make test`).
+test-slurm: $(STAMP) slurm
+	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -p no:randomly \
+	  --timeout=$(PYTEST_TIMEOUT) -m slurm tests/test_slurm.py $(PYTEST_ARGS)
 
 # On a GPU (not yet run on a device, so no time is known): both fused kernels against the float64 references on
 # the device, then the speed table against cuDNN, XLA and JAX's Pallas attention, written under

@@ -108,6 +108,7 @@ def fake(monkeypatch):
       return rc
 
   monkeypatch.setattr(launchers.subprocess, "call", Fake.call)
+  monkeypatch.setattr(launchers, "call_stopping_as_ctrl_c", Fake.call)  # a Slurm task's call
   return Fake
 
 

@@ -16,6 +16,9 @@ before the run starts, and the run's exit status into it when the run ends.
           runs `python -m attn.launching.launchers <run dir>` (`task` below), which runs the command
           recorded in that run directory and records its exit status, exactly as the local launcher
           does, so `launch.py ... --collect` can tell finished, failed and pending runs apart.
+          When Slurm stops a task (scancel, its time limit: SIGTERM to every process of the job,
+          SIGKILL KillWait seconds later) the task passes the SIGTERM on to the run as Ctrl-C,
+          so the run saves its current step before it exits.
 
 Why an sbatch job array and not submitit: submitit submits Python callables, pickled with
 cloudpickle, and returns their pickled results. Our runs are command lines that already resume
@@ -24,7 +27,8 @@ here; it would add two dependencies (submitit, cloudpickle) and a pickle that mu
 same code on the node. The array script needs nothing beyond Slurm's sbatch interface, whose
 `#SBATCH` options, `--array=0-N%P`, `%A_%a` and `$SLURM_ARRAY_TASK_ID`
 (https://slurm.schedmd.com/job_array.html) have been stable for many releases; it is plain text a
-user can read before submitting it, and the tests drive it with a fake `sbatch` on PATH.
+user can read before submitting it. tests/test_launch.py drives it with a fake `sbatch` on PATH,
+tests/test_slurm.py on a real one-node Slurm.
 
 Launchers register by name in LAUNCHERS (an attn.registry.Registry: a name registers once, an
 unknown one is a ConfigError listing the known). Each declares the launch.py flags only it reads
@@ -41,6 +45,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +58,7 @@ RECORD = "launch.json"  # per run directory: what launch ran there and how it en
 LOG = "launch.log"  # per run directory: the run's output when runs share the terminal
 SLURM_DIR = "slurm"  # under --workdir: the array script and the tasks' output
 TAIL = 5  # lines of a failed run's log printed under its "failed" line
+TASK_SAYS = "launch task: "  # starts the lines a Slurm task adds to the run's output (its own end)
 
 LAUNCHERS = Registry("launcher", error=ConfigError)
 
@@ -108,15 +114,44 @@ def new_record(run, **extra) -> dict:
   return {**run.identity(), "command": run.command[1:], "exit_code": None, **extra}
 
 
-def run_recorded(rec_path, rec, log=None):
+def _ignore_sigterm():  # preexec_fn: an ignored signal stays ignored across exec
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def call_stopping_as_ctrl_c(cmd) -> int:
+  """subprocess.call(cmd), except that a SIGTERM to this process reaches the child as SIGINT,
+  and the child ignores SIGTERM itself. Slurm stops a job (scancel, its time limit) with SIGTERM
+  to every process of the job, then SIGKILL KillWait seconds later (30 by default); a run dies
+  at once on SIGTERM but saves its current step on Ctrl-C (attn/training/loop.py), so this gives
+  it that window to save and exit with the interrupted status."""
+  child, stop = [], []
+
+  def on_term(*_):
+    stop.append(True)
+    for p in child:
+      p.send_signal(signal.SIGINT)
+
+  previous = signal.signal(signal.SIGTERM, on_term)  # before the child starts: none is lost
+  try:
+    child.append(subprocess.Popen(  # pylint: disable=consider-using-with
+        cmd, preexec_fn=_ignore_sigterm))
+    if stop:  # it came while the child was starting
+      child[0].send_signal(signal.SIGINT)
+    return child[0].wait()
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def run_recorded(rec_path, rec, log=None, *, stopped_by_sigterm=False):
   """Runs `python <rec["command"]>`, recording its start, exit status and wall time in rec_path;
-  (exit status, seconds). Output to the terminal, or appended to `log`."""
+  (exit status, seconds). Output to the terminal, or appended to `log`. stopped_by_sigterm: a
+  SIGTERM is passed on as Ctrl-C (`call_stopping_as_ctrl_c`, for a Slurm task)."""
   rec = {**rec, "exit_code": None, "started": now()}
   write_json(rec_path, rec)
   cmd = [sys.executable, *rec["command"]]
   t0 = time.time()
   if log is None:
-    rc = subprocess.call(cmd)
+    rc = call_stopping_as_ctrl_c(cmd) if stopped_by_sigterm else subprocess.call(cmd)
   else:
     with open(log, "a", encoding="utf-8") as f:
       f.write(f"== {rec['started']} {' '.join(cmd[1:])}\n")
@@ -127,14 +162,19 @@ def run_recorded(rec_path, rec, log=None):
   return rc, secs
 
 
-def tail(path, n=TAIL) -> str:
-  """The last n lines of a log, indented, after a newline; "" if there is none."""
+def log_lines(path) -> list:
+  """The run's own lines of a log (without the lines a Slurm task adds after them); [] if none."""
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
-      lines = f.read().rstrip().splitlines()[-n:]
+      lines = f.read().rstrip().splitlines()
   except OSError:
-    return ""
-  return "".join(f"\n    {l}" for l in lines)
+    return []
+  return [l for l in lines if not l.startswith(TASK_SAYS)]
+
+
+def tail(path, n=TAIL) -> str:
+  """The last n lines of a log, indented, after a newline; "" if there is none."""
+  return "".join(f"\n    {l}" for l in log_lines(path)[-n:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +320,9 @@ class Slurm:
 def task(run_dir) -> int:
   """What one Slurm array task runs: the command recorded in <run_dir>/launch.json, recording its
   exit status there (and the task's job id). A run that finished already (a resubmitted copy)
-  exits 0 at once. Returns the exit status."""
+  exits 0 at once. When Slurm stops the task (scancel, its time limit) the run saves its current
+  step, as on Ctrl-C, and its interrupted exit status is recorded; rerunning launch.py resubmits
+  it and it resumes there. Returns the exit status."""
   rec_path = os.path.join(run_dir, RECORD)
   rec, why = read_record(rec_path)
   if rec is None or not isinstance(rec.get("command"), list):
@@ -289,13 +331,13 @@ def task(run_dir) -> int:
     return 2
   done, _ = read_record(os.path.join(run_dir, "results.json"))
   if rec.get("exit_code") == 0 and done is not None:
-    print(f"{run_dir} finished already; nothing to do", flush=True)
+    print(f"{TASK_SAYS}{run_dir} finished already; nothing to do", flush=True)
     return 0
   job, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
   if job and index:
     rec["slurm_job"] = f"{job}_{index}"
-  rc, secs = run_recorded(rec_path, rec)
-  print(f"{run_dir}: exit status {rc} after {secs:.0f} s", flush=True)
+  rc, secs = run_recorded(rec_path, rec, stopped_by_sigterm=True)
+  print(f"{TASK_SAYS}{run_dir}: exit status {rc} after {secs:.0f} s", flush=True)
   return rc
 
 

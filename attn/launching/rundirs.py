@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from attn.launching.launchers import LOG, RECORD, SLURM_DIR, read_record
+from attn.launching.launchers import LOG, RECORD, SLURM_DIR, log_lines, read_record
 
 RESULTS = "results.json"  # what a finished run leaves in its directory
 # launch's own files in a workdir: they do not make a directory someone else's run.
@@ -50,7 +50,8 @@ def _unrecorded(run):
 def status(run):
   """What the run directory holds, as (state, detail):
   ("new", "") nothing yet; ("done", results) finished by this command;
-  ("failed", why) the last attempt exited non-zero, or cleanly without a readable results.json;
+  ("failed", why) the last attempt exited non-zero (why ends with its output's last line), or
+  cleanly without a readable results.json;
   ("pending", why) recorded without an exit status yet (submitted, running or interrupted);
   ("refuse", why) another config's run, or one launch did not start."""
   rec_path = os.path.join(run.workdir, RECORD)
@@ -68,7 +69,9 @@ def status(run):
   log = rec.get("slurm_log") or os.path.join(run.workdir, LOG)
   seen = f" (output: {log})" if os.path.exists(log) else ""
   if rec["exit_code"] != 0:
-    return "failed", f"the last attempt exited {rec['exit_code']}{seen}"
+    last = log_lines(log)[-1:]  # most often the error line
+    said = f"; its last line: {last[0].strip()}" if last else ""
+    return "failed", f"the last attempt exited {rec['exit_code']}{seen}{said}"
   res, why = read_record(os.path.join(run.workdir, RESULTS))
   if res is None:
     return "failed", f"{why}{seen}: not finished"
