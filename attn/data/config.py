@@ -23,9 +23,10 @@ _RENAMED = {"src_field": "source_field", "tgt_field": "target_field"}
 
 
 def _sources():
-  """The registry of `data.task`'s values (attn.data.base.SOURCES), filled by importing
-  attn.data.sources: only when a value is checked, since that module imports this one."""
-  from attn.data import base, sources  # noqa: F401  pylint: disable=import-outside-toplevel
+  """The registry of `data.task`'s values (attn.data.base.SOURCES): the package's __init__
+  registers every source (attn.data.sources) on the import that brings this module in, before
+  any value can be checked; importing that module here would close an import circle."""
+  from attn.data import base  # pylint: disable=import-outside-toplevel
   return base.SOURCES
 
 
