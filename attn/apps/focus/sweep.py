@@ -221,10 +221,8 @@ def train_and_evaluate(cfg: FocusConfig, workdir: str, *, page: str | None = Non
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, "focus")  # another application's run is refused, not overwritten
   with workdir_lib.lock(workdir):
-    runs = os.path.join(workdir, RUNS_DIR)
     trained_with.check(workdir, trained_settings(cfg), trained_with.recorded(
-        workdir, [os.path.join(runs, n) for n in sorted(os.listdir(runs))]
-        if os.path.isdir(runs) else [], settings_of_run), "readers")
+        workdir, os.path.join(workdir, RUNS_DIR), settings_of_run), "readers")
     trained_with.write(workdir, trained_settings(cfg))
     data = focus_task.load_stories(data_config(cfg))
     sc = cfg.stories

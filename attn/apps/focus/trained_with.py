@@ -23,7 +23,7 @@ workdir without one holds no trained model.
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable
+from typing import Callable
 
 from attn.common.files import read_json, write_json
 from attn.training import workdir as workdir_lib
@@ -41,17 +41,18 @@ def as_json(value):
   return value
 
 
-def recorded(workdir: str, run_dirs: Iterable[str],
+def recorded(workdir: str, runs_dir: str,
              settings_of_run: Callable[[dict], dict]) -> list[tuple[str, dict]]:
   """(where, settings) of what `workdir`'s models were trained with: trained_with.json's, else
-  (older workdirs) those of the config.json of each of `run_dirs` that holds a checkpoint; []
-  when the workdir records none."""
+  (older workdirs) those of the config.json of each run in `runs_dir` that holds a checkpoint
+  (`settings_of_run` reads one); [] when the workdir records none."""
   path = os.path.join(workdir, SETTINGS_FILE)
   record = read_json(path)
   if isinstance(record, dict):
     return [(path, record)]
   found = []
-  for run in run_dirs:
+  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+  for run in (os.path.join(runs_dir, n) for n in names):
     config = read_json(os.path.join(run, "config.json"))
     if workdir_lib.has_checkpoints(run) and isinstance(config, dict):
       try:

@@ -239,10 +239,8 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
                       vocab)
   workdir_lib.prepare(workdir)
   workdir_lib.claim(workdir, "retrieve")  # another application's run is refused, not overwritten
-  runs = os.path.join(workdir, RUNS_DIR)
   trained_with.check(workdir, trained_settings(cfg), trained_with.recorded(
-      workdir, [os.path.join(runs, n) for n in sorted(os.listdir(runs))]
-      if os.path.isdir(runs) else [], settings_of_run), "models")
+      workdir, os.path.join(workdir, RUNS_DIR), settings_of_run), "models")
   trained_with.write(workdir, trained_settings(cfg))
   results = {"config": _config_dict(cfg), "modes": {m: [] for m in cfg.modes}}
   served = None
