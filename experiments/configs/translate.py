@@ -38,8 +38,10 @@ _PRESETS = {
                    beam_size=5)),
     # The Transformer on subwords, with what the field uses at this size: one sentencepiece
     # vocabulary of 8,000 pieces for both languages, one embedding matrix for the source, the
-    # target and the output layer, bfloat16 matmuls (float32 on a CPU without AVX512_BF16), the
-    # last 5 checkpoints kept for experiments.average (every 250 steps), and 4,200 steps, where
+    # target and the output layer, compute_dtype=auto (bfloat16 matmuls where a short measurement
+    # of this model's matmul shapes finds them >= 10% faster on the machine that runs, else
+    # float32; a resumed run keeps its dtype: attn.training.dtype_choice), the last 5 checkpoints
+    # kept for experiments.average (every 250 steps), and 4,200 steps, where
     # the cosine decay ends: the run is a step count, so every machine trains the same run
     # (about an hour on a 2-core AVX512_BF16 CPU; experiments.check_claim checks a prefix).
     # Dropout stays 0.2: 0.1 wins at 800 steps but overfits by the hour (docs/results.md).
@@ -55,7 +57,7 @@ _PRESETS = {
         train=dict(steps=4200, learning_rate=1e-3, warmup_steps=400, label_smoothing=0.1,
                    eval_every=1000, checkpoint_every=250, keep_checkpoints=5,
                    eval_decode_sentences=1014, beam_size=5,
-                   compute_dtype="bfloat16")),
+                   compute_dtype="auto")),
     "reverse": dict(
         data="reverse",
         data_overrides=dict(min_len=10, max_len=100, max_src_len=104, max_tgt_len=104,
