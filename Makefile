@@ -47,8 +47,8 @@ browser:
 # started, `sinfo` shown, and stopped: `python tests/slurm_cluster.py -- <command>` runs a
 # command with it up (SLURM_CONF set).
 slurm: $(STAMP)
-	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
-	  && command -v munged >/dev/null; then :; \
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
+	  && command -v sbatch >/dev/null && command -v munged >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing slurm-wlm and munge for the Slurm tests"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || \
@@ -79,7 +79,7 @@ test-slow: $(STAMP)
 	  --dist=loadfile --max-worker-restart=2 --timeout=$(PYTEST_TIMEOUT) -m slow $(PYTEST_ARGS)
 
 # launch.py's Slurm launcher and `srun ... --distributed=auto` on a one-node Slurm of this
-# machine (tests/test_slurm.py, the `slurm` marker; ~4 min on 2 cores, so not in `make test`).
+# machine (tests/test_slurm.py, the `slurm` marker; ~6 min on 2 busy cores, so not in `make test`).
 test-slurm: $(STAMP) slurm
 	timeout --kill-after=60 $(SUITE_TIMEOUT) $(BIN)/python -m pytest -q -p no:randomly \
 	  --timeout=$(PYTEST_TIMEOUT) -m slurm tests/test_slurm.py $(PYTEST_ARGS)

@@ -22,8 +22,11 @@ The daemons run in the foreground as children of the process that started them, 
 PR_SET_PDEATHSIG, so they die with it even if it is killed outright; `stop()` first cancels every
 job, then ends each daemon by the pid it started (and, as a second check, by its pid file), then
 any process left that carries this cluster's SLURM_CONF (a job step, a job's own processes).
-Where the cluster cannot come up (no binaries, not root, a daemon not ready in time), `start`
-raises Unavailable with one line saying why.
+`running()` wraps start and stop for a `with` block and turns SIGTERM into KeyboardInterrupt
+there, so that the stop runs when `timeout` ends the tests; what no process can catch (SIGKILL)
+still takes the daemons along (PR_SET_PDEATHSIG), though not a job already running, which then
+ends on its own. Where the cluster cannot come up (no binaries, not root, a daemon not ready in
+time), `start` raises Unavailable with one line saying why.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -281,26 +285,50 @@ def start(root: str) -> Cluster:
     raise
 
 
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def running():
+  """A cluster in a fresh temporary directory for the `with` block (Unavailable if it cannot
+  start); stopped and removed at its end, also on an exception, Ctrl-C or SIGTERM (`timeout`
+  sends it), which the block turns into KeyboardInterrupt so that the stop runs."""
+  root = tempfile.mkdtemp(prefix="attn-slurm-")  # short: a unix socket's path is <108 bytes
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+  try:
+    cluster = start(root)
+    try:
+      yield cluster
+    finally:
+      if main_thread:  # a second Ctrl-C or SIGTERM must not cut the stop short
+        held = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)]
+      try:
+        cluster.stop()
+      finally:
+        if main_thread:
+          signal.signal(signal.SIGINT, held[0])
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv) -> int:
   command = argv[argv.index("--") + 1:] if "--" in argv else []
-  root = tempfile.mkdtemp(prefix="attn-slurm-")
   try:
-    try:
-      cluster = start(root)
-    except Unavailable as e:
-      print(f"slurm test cluster: {e}", file=sys.stderr)
-      return 1
-    try:
+    with running() as cluster:
       print(f"{cluster.version}: one node, {CPUS} CPUs, partition {PARTITION}; "
             f"SLURM_CONF={cluster.conf}", flush=True)
       if not command:
         print(cluster.run("sinfo"), end="", flush=True)
         return 0
       return subprocess.call(command, env=cluster.env)
-    finally:
-      cluster.stop()
-  finally:
-    shutil.rmtree(root, ignore_errors=True)
+  except Unavailable as e:
+    print(f"slurm test cluster: {e}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
