@@ -14,6 +14,10 @@ import jax.numpy as jnp
 
 # The compute dtypes a config may name (`train.compute_dtype`), and their jnp dtypes.
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# The config value that lets a run choose one of them by measuring the machine it runs on,
+# resolved before the model is built (attn.training.dtype_choice): code below the training
+# setup only ever sees a name of COMPUTE_DTYPES.
+AUTO = "auto"
 
 
 def accum_dtype(*xs):

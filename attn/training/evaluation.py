@@ -21,7 +21,7 @@ from attn.common.jitting import jitted
 from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
 from attn.models import count_params
-from attn.training import distributed
+from attn.training import distributed, dtype_choice
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +327,7 @@ def write_results(run, ckpt, role="test") -> dict:
     results["tokens_per_sec_steady"] = float(np.median(p.window_rates[1:] or p.window_rates))
   if p.best_eval:
     results["best_eval"] = p.best_eval  # the eval that chose the decoded checkpoint
+  results.update(dtype_choice.figures(run))  # the compute dtype that ran, and what chose it
   if primary:
     files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results

@@ -34,7 +34,7 @@ from flax import nnx
 from attn.common import compile_cache
 from attn.errors import ConfigError
 from attn.models import count_params
-from attn.training import distributed, marks, resume
+from attn.training import distributed, dtype_choice, marks, resume
 from attn.training.interrupts import InterruptGuard
 from attn.training import workdir as workdir_lib
 from attn.training.checkpoints import Checkpoints, restore_for_reading
@@ -108,13 +108,24 @@ def build_run(config, workdir, task: Task, tc: LoopConfig, *, record=True, mesh=
     bundle = task.load_data(config.data, workdir)
   mc = task.model_config(config.model, bundle)
   switched = workdir_lib.check_model(workdir, mc)
+  # train.compute_dtype=auto becomes float32 or bfloat16 here, the one place it is resolved:
+  # what follows (the model, the step, config.json) sees the concrete dtype.
+  dc = task.data_config(config.data)
+  choice = dtype_choice.resolve(
+      tc.compute_dtype, lambda: dtype_choice.matmul_shapes(
+          mc, dc.batch_size, getattr(dc, "tokens_per_batch", 0)),
+      workdir=workdir, resumed=workdir_lib.has_checkpoints(workdir))
+  if choice.dtype != tc.compute_dtype:
+    tc = tc.replace(compute_dtype=choice.dtype)
+    log.info(choice.line())
   if record:
-    resume.Records(config, workdir, mc).write()
+    dtype_choice.record(workdir, choice)
+    resume.Records(dtype_choice.with_dtype(config, tc.compute_dtype), workdir, mc).write()
   model = task.build_model(mc, seed=tc.seed, compute_dtype=tc.compute_dtype)
   optimizer = nnx.Optimizer(model, task.make_optimizer(tc), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   run = Run(workdir, task, tc, mc, bundle, model, optimizer, graphdef, state,
-            switch=resume.Switch(switched))
+            switch=resume.Switch(switched), dtype_choice=choice)
   if mesh is not None:
     run.mesh, run.rows = mesh, distributed.row_shard(mesh)
     run.shardings = distributed.state_shardings(state, mesh)
@@ -419,7 +430,9 @@ def train_and_evaluate(config, workdir, task: Task | str = "translate") -> dict:
       if resumed:
         resume.check_progress(run, previous_train, switched)  # before any record is rewritten
         log.info(f"resumed from step {run.progress.step}")
-      run.records = resume.Records(config, workdir, run.mc)
+      run.records = resume.Records(dtype_choice.with_dtype(config, run.tc.compute_dtype),
+                                   workdir, run.mc)
+      dtype_choice.record(workdir, run.dtype_choice)
       if switched:
         # The best checkpoint so far is of the model before the switch: the test split is to be
         # decoded with the model as it is now, so best/ is chosen again among later evaluations.

@@ -63,7 +63,7 @@ def write_results(run, ckpt, role: str = "test") -> dict:
   run's figures: params, step and wall_s of the whole run, best_step (whose parameters were
   evaluated), tokens_per_sec (and its steady state), eval_s, best_eval."""
   from attn.models import count_params  # pylint: disable=import-outside-toplevel
-  from attn.training import distributed  # pylint: disable=import-outside-toplevel
+  from attn.training import distributed, dtype_choice  # pylint: disable=import-outside-toplevel
   from attn.training.evaluation import eval_seconds  # pylint: disable=import-outside-toplevel
   from attn.training.workdir import model_record  # pylint: disable=import-outside-toplevel
   whole = run.progress  # the counters of the whole run, not those saved with best/
@@ -84,6 +84,7 @@ def write_results(run, ckpt, role: str = "test") -> dict:
     results["tokens_per_sec_steady"] = float(np.median(p.window_rates[1:] or p.window_rates))
   if p.best_eval:
     results["best_eval"] = p.best_eval
+  results.update(dtype_choice.figures(run))  # the compute dtype that ran, and what chose it
   if distributed.is_primary():
     files.write_json(os.path.join(run.workdir, "results.json"), results)
   return results

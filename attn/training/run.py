@@ -47,6 +47,8 @@ class Run:
   records: object = None  # resume.Records: config.json and model.json, written at the first save
   progress: Progress = dataclasses.field(default_factory=Progress)
   switch: resume.Switch = dataclasses.field(default_factory=resume.Switch)
+  # dtype_choice.Choice: the compute dtype `tc` holds and why (train.compute_dtype=auto)
+  dtype_choice: object = None
 
   def step_fn(self, compiler_options: dict | None = None):
     """The jitted train step of `device_batch`'s batches (the task's loss options bound; XLA
