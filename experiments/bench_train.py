@@ -5,9 +5,12 @@ says whose it is by its data section, and that task's step is timed; any other c
 in one line naming those applications.
 
     python -m experiments.bench_train --config=experiments/configs/translate.py:multi30k \
-        --config.model.rnn.decoder=bahdanau --compute_dtypes=float32,bfloat16 --steps=20 --rounds=2
+        --config.model.rnn.decoder=bahdanau --compute_dtypes=float32,bfloat16,auto --steps=20 \
+        --rounds=2
 
-Compiles every bucket shape first, runs the batches once untimed, then times the same --steps
+--compute_dtypes defaults to the config's train.compute_dtype; `auto` there or in the flag is
+resolved as a training run resolves it (attn.training.dtype_choice) and its row says which
+dtype it chose, e.g. `auto (bfloat16)`. Compiles every bucket shape first, runs the batches once untimed, then times the same --steps
 training batches per dtype, round-robin over the dtypes (--rounds), with the load average and
 the same-run matmul ceiling printed beside every figure. The flags besides --config are the
 fields of attn.benchmarks.train_throughput.Settings (their defaults and help live there), and

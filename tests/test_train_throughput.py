@@ -131,3 +131,22 @@ def test_a_config_whose_task_is_not_seq2seq_is_refused_in_one_line(tmp_path):
                          "step of an application whose task is sequence to sequence (")
   assert all(name in line for name in train_throughput.seq2seq_applications())
   assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("faster", ["float32", "bfloat16"])
+def test_an_auto_row_runs_the_dtype_the_measurement_chose(tmp_path, capsys, monkeypatch, faster):
+  """--compute_dtypes=float32,auto: auto is resolved as a training run resolves it (here with
+  the measurement faked and no cache), and its row says which dtype it ran."""
+  from attn.training import dtype_choice
+  monkeypatch.setenv("ATTN_COMPILE_CACHE", "off")
+  rates = {"float32": 100.0, "bfloat16": 100.0}
+  rates[faster] = 300.0
+  monkeypatch.setattr(dtype_choice, "measure", lambda shapes: dict(rates))
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(),
+                                       compute_dtypes=("float32", "auto"), workdir=str(tmp_path))
+  table = train_throughput.run(_smoke_config(), settings)
+  assert len([l for l in table.splitlines() if l.startswith("| float32 |")]) == 1
+  assert len([l for l in table.splitlines() if l.startswith(f"| auto ({faster}) |")]) == 1
+  out = capsys.readouterr().out
+  assert f"compute dtype {faster} (train.compute_dtype=auto: the model's matmuls at" in out
+  assert f"round 1 auto ({faster}):" in out

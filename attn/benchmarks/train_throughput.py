@@ -7,7 +7,11 @@ Compiles the train step of every compute dtype for every bucket shape first (so 
 is timed) and runs the batches once untimed, then times the same `steps` real training batches
 one by one (block_until_ready, through attn.benchmarks.harness), round-robin: float32,
 bfloat16, float32, bfloat16, ... (`rounds`), so that load from other jobs on a shared machine
-hits every dtype alike. `xla_options` adds, per dtype, the same step compiled with other XLA
+hits every dtype alike. `auto` (named in `compute_dtypes`, or the config's own
+train.compute_dtype) is resolved as a training run resolves it (attn.training.dtype_choice: the
+model's matmul shapes timed in both dtypes, or their cached rates), and its row is labelled
+with the dtype it chose, e.g. `auto (float32)`: the same compiled step as that dtype's row,
+timed in turns of its own. `xla_options` adds, per dtype, the same step compiled with other XLA
 options (e.g. XLA:CPU's library fusions), timed in the same rounds beside XLA's defaults. The
 bare-matmul ceiling (n x n operands of the dtype, float32 accumulation) is measured before the
 first and after the last round. Reports per dtype (and option set): the
@@ -45,8 +49,10 @@ class Settings:
   """The benchmark's settings (experiments/bench_train.py's flags besides --config)."""
   steps: int = option(30, "Timed training steps per dtype and round.")
   rounds: int = option(2, "Round-robin rounds over the compute dtypes (and XLA option sets).")
-  compute_dtypes: tuple[str, ...] = option((), "Compute dtypes to compare (float32,bfloat16); "
-                                           "default: the config's train.compute_dtype.")
+  compute_dtypes: tuple[str, ...] = option(
+      (), "Compute dtypes to compare (float32,bfloat16,auto); default: the config's "
+      "train.compute_dtype. auto: the dtype train.compute_dtype=auto chooses on this machine for "
+      "this model (attn.training.dtype_choice), its row labelled with it, e.g. 'auto (float32)'.")
   ceiling_sizes: tuple[int, ...] = option(
       (1024, 2048), "n of the n x n bare-matmul ceiling, measured before the timed rounds and "
       "after them (none: no ceiling, and no percent of it)")
@@ -129,6 +135,27 @@ class Ceilings:
 def best_ceiling(per_size: dict) -> float | None:
   """{n: [GFLOP/s, ...]} -> the best size's median (None for no sizes)."""
   return max((float(np.median(v)) for v in per_size.values()), default=None)
+
+
+def resolved_dtype(base, dc, name: str) -> str:
+  """The concrete dtype of `--compute_dtypes` entry `name` for the run `base` (of data section
+  `dc`, the task's validated one): `auto` is
+  resolved as a training run resolves train.compute_dtype=auto (attn.training.dtype_choice:
+  the model's own matmul shapes timed in both dtypes, or the cached rates), and says so."""
+  from attn.precision import AUTO  # pylint: disable=import-outside-toplevel
+  from attn.training import dtype_choice  # pylint: disable=import-outside-toplevel
+  if name != AUTO:
+    precision.compute_dtype(name)  # an unknown name: refused here
+    return name
+  choice = dtype_choice.resolve(AUTO, lambda: dtype_choice.matmul_shapes(
+      base.mc, dc.batch_size, getattr(dc, "tokens_per_batch", 0)))
+  print(f"  {choice.line()}")
+  return choice.dtype
+
+
+def dtype_label(name: str, dtype: str) -> str:
+  """A table row's dtype: the name, or for auto the dtype it chose, e.g. `auto (float32)`."""
+  return name if name == dtype else f"{name} ({dtype})"
 
 
 def with_compute_dtype(run, compute_dtype: str):
@@ -299,11 +326,23 @@ def run(config, s: Settings) -> str:
   name = application_of_config(config)  # a config bench_train cannot run costs one line
   option_sets = {"": None, **xla_option_sets(s.xla_options)}
   base = training.setup(config, s.workdir, task=name)
-  variants = {(f"{d}, {name}" if name else d): (d, opts)
-              for d in s.compute_dtypes or [base.tc.compute_dtype]
-              for name, opts in option_sets.items()}
-  runs = {lb: with_compute_dtype(base, d) for lb, (d, _) in variants.items()}
-  steps = {lb: runs[lb].step_fn(opts) for lb, (_, opts) in variants.items()}
+  dc = base.task.data_config(config.data)
+  # The config's own dtype by default: its `auto` is resolved as the run resolved it (setup).
+  asked = s.compute_dtypes or [config.train.compute_dtype]
+  dtypes = {d: resolved_dtype(base, dc, d) for d in asked}
+  variants = {(f"{dtype_label(d, dtypes[d])}, {name}" if name
+               else dtype_label(d, dtypes[d])): (dtypes[d], opts)
+              for d in asked for name, opts in option_sets.items()}
+  # One run and one compiled step per concrete dtype and option set: `auto`'s row times the
+  # same step as the row of the dtype it chose, in its own turns of the rounds.
+  built = {}
+  for d, opts in variants.values():
+    key = (d, json.dumps(opts, sort_keys=True))
+    if key not in built:
+      fresh = with_compute_dtype(base, d)
+      built[key] = (fresh, fresh.step_fn(opts))
+  runs = {lb: built[d, json.dumps(o, sort_keys=True)][0] for lb, (d, o) in variants.items()}
+  steps = {lb: built[d, json.dumps(o, sort_keys=True)][1] for lb, (d, o) in variants.items()}
   t0, before = time.time(), compile_cache.stats()
   batches, counted = compiled_batches(base, runs, steps, s.steps)
   loaded = (compile_cache.stats() - before).loaded
