@@ -6,8 +6,10 @@ of the RNN + attention at JoeyNMT's sizes, and the Transformer's training rate.
         --out=workdirs/peer_sitting
 
 The peer runs in its own environment (.peer-venv/: joeynmt 2.3.0, torch 2.14.1; never a
-dependency of the project) through peers/joeynmt_peer.py; ours through experiments.bench_train,
-experiments.translate and experiments.bench_decode. The stages, what each figure is, and how a
+dependency of the project) through peers/joeynmt_peer.py, and torch's matmul ceiling through
+peers/torch_ceiling.py; ours through experiments.bench_train (float32, bfloat16 and auto),
+experiments.translate and experiments.bench_decode. Each of our training rows gives its share
+of the better of XLA's and torch's ceilings, naming which. The stages, what each figure is, and how a
 rerun with the same --out resumes: attn/benchmarks/peer_sitting.py. A failed stage ends the
 command with one line naming the stage and its log.
 """

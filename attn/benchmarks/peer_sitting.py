@@ -5,18 +5,24 @@ between the two peer brackets instead of hiding in the ratio.
 Stages, in order (each a subprocess whose output goes to <out>/logs/<stage>.log):
   peer_rnn               JoeyNMT's RNN, `steps` updates (peers/joeynmt_peer.py, the peer's venv)
   peer_rnn_decode        its model decodes the test split (greedy, beam 5)
-  ours_rnn_bench         experiments.bench_train at JoeyNMT's sizes (float32, bfloat16)
+  peer_ceiling           torch's matmul rate at the sizes of XLA's ceiling (peers/torch_ceiling.py,
+                         the peer's venv), before our first bench_train stage
+  ours_rnn_bench         experiments.bench_train at JoeyNMT's sizes (float32, bfloat16, auto: the
+                         dtype train.compute_dtype=auto chooses here)
   ours_rnn_train         experiments.translate at JoeyNMT's sizes, the same `steps`, 128 sentences
   ours_rnn_decode        experiments.bench_decode of that run (greedy, beam 5 stopping by --beam_stop)
   peer_rnn_again         JoeyNMT's RNN again, `again_steps` updates of a fresh model
   peer_rnn_decode_again  the first bracket's model decodes again
   peer_tfm, ours_tfm_bench, ours_tfm_packed_bench, peer_tfm_again
                          the same bracket for the Transformer's rate, ours in the buckets and
-                         on packed rows (data.pack); --rnn=False runs these alone
+                         on packed rows (data.pack); --rnn=False runs these alone (peer_ceiling
+                         after peer_tfm)
 Each finished stage leaves <out>/stages/<stage>.json: its command, load averages, wall time and
-figures. Rerunning with the same --out skips the leading stages that finished with the same
-command; from the first stage that runs, every later one runs again, so that a sitting's
-figures come from one stretch. The table (<out>/sitting.md) and <out>/sitting.json are built
+figures. Each of our bench_train rows says its matmul rate's share of the better of the two
+ceilings at the dtype it ran, XLA's (bench_train's own, measured in its run) or torch's
+(peer_ceiling), and which one it was (attn.benchmarks.peer_table). Rerunning with the same
+--out skips the leading stages that finished with the same command; from the first stage that
+runs, every later one runs again, so that a sitting's figures come from one stretch. The table (<out>/sitting.md) and <out>/sitting.json are built
 from those records alone.
 """
 
@@ -40,6 +46,9 @@ from attn.errors import AttnError, ConfigError
 from attn.registry import Registry
 
 PEER_SCRIPT = os.path.join("peers", "joeynmt_peer.py")
+CEILING_SCRIPT = os.path.join("peers", "torch_ceiling.py")
+# n of the n x n matmuls of both ceilings: bench_train's (XLA's) and peer_ceiling's (torch's).
+CEILING_SIZES = (1024, 2048)
 PEER_SETUP = ("python3 -m venv .peer-venv && .peer-venv/bin/python -m pip install -r "
               "peers/requirements.txt")
 TRANSLATE_CONFIG = "experiments/configs/translate.py"
@@ -71,7 +80,9 @@ class Settings:
                      "Transformer's alone.")
   bench_steps: int = option(20, "bench_train: timed batches per dtype and round.")
   bench_rounds: int = option(2, "bench_train: rounds over the dtypes.")
-  compute_dtypes: tuple[str, ...] = option(("float32", "bfloat16"), "bench_train's dtypes.")
+  compute_dtypes: tuple[str, ...] = option(
+      ("float32", "bfloat16", "auto"), "bench_train's dtypes (auto: the one "
+      "train.compute_dtype=auto chooses on this machine; its row says which).")
   beam_sizes: tuple[int, ...] = option((1, 5), "Beam sizes decoded (1 = greedy).")
   shrink_to: int = option(16, "Our beam search lets finished examples leave the batch, "
                            "halving it down to this many rows (bench_decode --shrink_to; 0 = "
@@ -132,6 +143,7 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
         python, "-m", "experiments.bench_train", f"--config={TRANSLATE_CONFIG}:{preset}",
         *sizes, f"--config.data.dir={data}", f"--compute_dtypes={','.join(s.compute_dtypes)}",
         f"--steps={s.bench_steps}", f"--rounds={s.bench_rounds}",
+        f"--ceiling_sizes={','.join(map(str, CEILING_SIZES))}",
         f"--workdir={os.path.join(s.out, 'ours', 'bench_' + (workdir or preset))}"))
 
   run_dir = os.path.join(s.out, "ours", "rnn")
@@ -147,12 +159,16 @@ def plan(s: Settings, *, data: str, warmup: int, python: str = sys.executable) -
       python, "-m", "experiments.bench_decode", f"--workdir={run_dir}", "--split=test",
       f"--beam_sizes={beams}", f"--shrink_to={s.shrink_to}", f"--stops={s.beam_stop}",
       f"--json_out={raw('ours_rnn_decode')}"), raw("ours_rnn_decode"))
+  ceiling = Stage("peer_ceiling", "torch_ceiling", (
+      s.peer_python, CEILING_SCRIPT, f"--sizes={','.join(map(str, CEILING_SIZES))}",
+      f"--json_out={raw('peer_ceiling')}"), raw("peer_ceiling"))
   stages = [peer_train("peer_rnn", "rnn", "rnn", s.steps), peer_decode("peer_rnn_decode", "1"),
-            ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
+            ceiling, ours_bench("ours_rnn_bench", "multi30k", JOEY_SIZES), train, decode,
             peer_train("peer_rnn_again", "rnn", "rnn_again", s.again_steps),
             peer_decode("peer_rnn_decode_again", "2")] if s.rnn else []
   if s.transformer_steps:
     stages += [peer_train("peer_tfm", "transformer", "tfm", s.transformer_steps),
+               *([] if s.rnn else [ceiling]),
                ours_bench("ours_tfm_bench", "multi30k_transformer", ()),
                ours_bench("ours_tfm_packed_bench", "multi30k_transformer",
                           ("--config.data.pack=True",), "multi30k_transformer_packed"),
@@ -181,7 +197,9 @@ def preflight(s: Settings, stages: list[Stage], data: str,
 
 
 def _bench_table(log: str) -> dict:
-  """bench_train's table, from its log: {dtype: {median_s_per_step, tokens_per_s}}."""
+  """bench_train's table, from its log: {dtype: {median_s_per_step, tokens_per_s, and where the
+  table has them: dtype (what ran: `auto (bfloat16)` is read as key auto, dtype bfloat16),
+  gflops (the step's matmul rate), xla_ceiling (GFLOP/s; None for n/a)}}."""
   lines = log.splitlines()
   head = next((i for i, l in enumerate(lines) if l.startswith("| compute dtype |")), None)
   if head is None:
@@ -193,9 +211,28 @@ def _bench_table(log: str) -> dict:
       break
     cells = dict(zip(names, (c.strip() for c in line.strip("|").split("|"))))
     number = lambda key: float(cells[key].replace(",", ""))
-    out[cells["compute dtype"]] = {"median_s_per_step": number("median s/step"),
-                                   "tokens_per_s": number("target tokens/s")}
+    label = cells["compute dtype"]
+    name, _, ran = label.partition(" (")  # `auto (bfloat16)`: asked auto, ran bfloat16
+    name, ran = (name, ran.rstrip(")")) if ran else (label, label.split(",")[0])
+    row = {"median_s_per_step": number("median s/step"), "tokens_per_s": number("target tokens/s")}
+    if MATMUL_COLUMN in cells:
+      row.update(dtype=ran, gflops=number(MATMUL_COLUMN),
+                 xla_ceiling=None if cells.get(CEILING_COLUMN, "n/a") == "n/a"
+                 else number(CEILING_COLUMN))
+    out[name] = row
   return out
+
+
+MATMUL_COLUMN = "GFLOP/s (matmul)"  # bench_train's table (attn.benchmarks.train_throughput)
+CEILING_COLUMN = "ceiling GFLOP/s (same run, best n)"
+
+
+def _torch_ceiling(result: dict) -> dict:
+  """{dtype: the best size's GFLOP/s, "by_size": {dtype: {n: GFLOP/s}}, torch, threads} of
+  peers/torch_ceiling.py's record."""
+  by_size = {d: {str(n): float(v) for n, v in per.items()} for d, per in result["gflops"].items()}
+  return {**{d: max(per.values()) for d, per in by_size.items()}, "by_size": by_size,
+          "torch": result.get("torch"), "threads": result.get("threads")}
 
 
 def _decode(result: dict) -> dict:
@@ -228,7 +265,15 @@ def _train_line(f: dict) -> str:
 
 
 def _bench_line(f: dict) -> str:
-  return "; ".join(f"{d} {v['tokens_per_s']:,.0f} target tokens/s" for d, v in f.items())
+  ran = lambda d, v: f" ({v['dtype']})" if v.get("dtype", d) != d else ""
+  return "; ".join(f"{d}{ran(d, v)} {v['tokens_per_s']:,.0f} target tokens/s"
+                   for d, v in f.items())
+
+
+def _ceiling_line(f: dict) -> str:
+  return (f"torch {f['torch']} matmul ceiling: " + ", ".join(
+      f"{d} {f[d]:.0f}" for d in f["by_size"]) + " GFLOP/s (best of "
+      + ", ".join(f"{n}^2" for n in next(iter(f["by_size"].values()))) + ")")
 
 
 def _translate_line(f: dict) -> str:
@@ -258,6 +303,7 @@ KINDS.add("peer_train", Kind(_peer_train, _train_line))
 KINDS.add("decode", Kind(_decode, _decode_line))
 KINDS.add("bench_train", Kind(_bench_table, _bench_line, from_log=True))
 KINDS.add("translate", Kind(_translate, _translate_line))
+KINDS.add("torch_ceiling", Kind(_torch_ceiling, _ceiling_line))
 
 
 def read_figures(stage: Stage, log_path: str) -> dict:
@@ -346,7 +392,11 @@ NOTES = """\
   detokenized outputs against the raw references, on both sides; both peer brackets decode the
   first one's model.
 - "ours vs mean(JoeyNMT)": ours over the mean of the two peer brackets for a rate, their mean
-  time over ours for seconds (both read "x as fast"), ours less their mean for BLEU."""
+  time over ours for seconds (both read "x as fast"), ours less their mean for BLEU.
+- The last column: our step's matmul rate (bench_train's analytic FLOPs over its time) as a
+  share of the better ceiling at the dtype the row ran: XLA's (bench_train's n x n matmuls,
+  best n, in its own run) or torch's (peer_ceiling: torch.matmul at the same n, the peer's
+  venv), naming which; an auto row's label says the dtype auto chose."""
 
 
 def write_outputs(s: Settings, records: dict) -> str:
