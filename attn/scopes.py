@@ -87,13 +87,51 @@ def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=
   return mask & masks_lib.window_mask(p_t, Tk, D), masks_lib.gaussian_window(p_t, Tk, D)
 
 
+_WORD = 32  # keys per packed mask word
+
+
+def _pack(keep):
+  """bool [..., Tk] -> uint32 [..., ceil(Tk / 32)]: bit i of word w is key 32 w + i."""
+  pad = -keep.shape[-1] % _WORD
+  keep = jnp.pad(keep, [(0, 0)] * (keep.ndim - 1) + [(0, pad)])
+  words = keep.reshape(keep.shape[:-1] + (-1, _WORD)).astype(jnp.uint32)  # [..., W, 32]
+  return jnp.sum(words << jnp.arange(_WORD, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+
+
+def _unpack(words, Tk):
+  """_pack's inverse: uint32 [..., W] -> bool [..., Tk]."""
+  bits = (words[..., None] >> jnp.arange(_WORD, dtype=jnp.uint32)) & 1  # [..., W, 32]
+  return bits.reshape(words.shape[:-1] + (-1,))[..., :Tk].astype(bool)
+
+
 @register("scope", "topk", aliases=("sparse",))
 def topk_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
-  """Top-k sparse attention: each query keeps its k highest-scoring valid keys (ties at the k-th all kept)."""
+  """Top-k sparse attention: each query keeps its k highest-scoring valid keys.
+
+  Algorithm: kth = the k-th largest of where(mask, e, -inf) along each row (`lax.top_k` with
+  k' = min(k, Tk), its last value; [..., Tq, 1]), and the mask narrowed to e >= kth. So every
+  key tied with the k-th is kept (a row may keep more than k), a row with fewer than k valid
+  keys keeps them all (kth = -inf), k >= Tk keeps every valid key, a row with none keeps none.
+  The threshold is a constant to the gradient (the mask is piecewise constant in e): the
+  gradient reaches e through the normalizer alone, at the kept keys.
+
+  Cost: the top-k, O(Tq * Tk * log k') compares (XLA:CPU's TopK kernel, a partial sort of each
+  row), plus the dense [..., Tq, Tk] scores and normalizer of global attention, which it
+  narrows: the weights are sparse, the work is not, so it costs global attention's time plus
+  the top-k, and its memory plus a mask of Tk / 8 bytes per query.
+  """
   k = _need("topk", "top_k", top_k)
-  em = jnp.where(mask, e, -jnp.inf)
-  kth = jax.lax.top_k(em, min(k, e.shape[-1]))[0][..., -1:]  # [..., Tq, 1]
-  return mask & (em >= jax.lax.stop_gradient(kth)), None
+  em = jax.lax.stop_gradient(jnp.where(mask, e, -jnp.inf))  # [..., Tq, Tk]
+  # The barrier keeps XLA from folding the slice of the k-th value into the top-k: on CPU
+  # (jax 0.10.2) a top-k read other than through its leading [0:k] outputs is not matched to
+  # the TopK kernel and runs as a stable full sort of every row, ~10-20x slower at Tk = 1024,
+  # k = 32 (as in attn.decoding.beam).
+  values, _ = jax.lax.optimization_barrier(jax.lax.top_k(em, min(k, e.shape[-1])))
+  keep = mask & (em >= values[..., -1:])  # [..., Tq, Tk]
+  # Packed to bits and back: the backward pass needs the mask, and XLA would otherwise recompute
+  # it from the scores, keeping every layer's [Tq, Tk] float scores alive until then (+30%
+  # peak memory in the variant_costs encoder step at T = 1024); the words are Tk / 8 bytes.
+  return _unpack(_pack(keep), e.shape[-1]), None
 
 
 @register("scope", "linear", full_attention=True)
