@@ -127,6 +127,22 @@ def test_a_record_refuses_a_command_that_is_not_the_run(tiny_claim, tmp_path):
     claims.record("other", str(tmp_path), [_command(workdir, steps=12)], str(tmp_path), cpu={})
 
 
+def test_the_command_line_records_a_finished_run(tiny_claim, tmp_path):
+  curves, _ = tiny_claim
+  workdir = os.path.join(os.path.dirname(curves), "run")
+  out = str(tmp_path / "curves")
+  p = _cli("--record=again", f"--workdir={workdir}", f"--curves_dir={out}",
+           f"--command={_command(workdir, steps=12)}")
+  assert p.returncode == 0, p.stderr[-3000:]
+  again = claims.load_claim("again", out)
+  assert again.train == claims.load_claim("tiny", curves).train
+  assert again.head["tolerance"] is None and "--measure_tolerance" in p.stdout
+  p = _cli("--record=again", f"--workdir={workdir}", f"--curves_dir={out}")  # no --command
+  assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+      'error: --record needs the command that ran the claim: --command="python -m ..." (once '
+      'per phase, in order)']
+
+
 # ---- Checking.
 
 def test_a_recorded_claim_holds_when_rerun(tiny_claim):
