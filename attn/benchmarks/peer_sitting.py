@@ -22,8 +22,8 @@ figures. Each of our bench_train rows says its matmul rate's share of the better
 ceilings at the dtype it ran, XLA's (bench_train's own, measured in its run) or torch's
 (peer_ceiling), and which one it was (attn.benchmarks.peer_table). Rerunning with the same
 --out skips the leading stages that finished with the same command; from the first stage that
-runs, every later one runs again, so that a sitting's figures come from one stretch. The table (<out>/sitting.md) and <out>/sitting.json are built
-from those records alone.
+runs, every later one runs again, so that a sitting's figures come from one stretch. The table
+(<out>/sitting.md) and <out>/sitting.json are built from those records alone.
 """
 
 from __future__ import annotations

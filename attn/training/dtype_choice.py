@@ -119,7 +119,8 @@ def _transformer_shapes(mc, rows: int, batch: int) -> list[tuple[int, int, int]]
 _LAYER_SHAPES = {"rnn": _rnn_shapes, "transformer": _transformer_shapes}
 
 
-def matmul_shapes(mc, batch_size: int, tokens_per_batch: int = 0) -> tuple[tuple[int, int, int], ...]:
+def matmul_shapes(mc, batch_size: int,
+                  tokens_per_batch: int = 0) -> tuple[tuple[int, int, int], ...]:
   """(M, K, N) of the matmuls [M, K] x [K, N] that `auto` times for model config `mc` (a
   sequence-to-sequence ModelConfig: its arch, its section's sizes, its target vocabulary) with
   batches of `batch_size` sentences (or `tokens_per_batch` tokens): the output layer
