@@ -8,9 +8,11 @@ in one line naming those applications.
         --config.model.rnn.decoder=bahdanau --compute_dtypes=float32,bfloat16,auto --steps=20 \
         --rounds=2
 
---compute_dtypes defaults to the config's train.compute_dtype; `auto` there or in the flag is
-resolved as a training run resolves it (attn.training.dtype_choice) and its row says which
-dtype it chose, e.g. `auto (bfloat16)`. Compiles every bucket shape first, runs the batches once untimed, then times the same --steps
+--compute_dtypes defaults to `auto`, resolved as a training run resolves train.compute_dtype=auto
+(attn.training.dtype_choice: the model's own matmul shapes timed in both dtypes on this machine,
+or the cached rates); its row says which dtype it chose, e.g. `auto (bfloat16)`; an empty
+--compute_dtypes= times the config's own train.compute_dtype. Compiles every bucket shape first,
+runs the batches once untimed, then times the same --steps
 training batches per dtype, round-robin over the dtypes (--rounds), with the load average and
 the same-run matmul ceiling printed beside every figure. The flags besides --config are the
 fields of attn.benchmarks.train_throughput.Settings (their defaults and help live there), and

@@ -33,7 +33,7 @@ config_flags.DEFINE_config_file("config", "experiments/configs/translate.py:mult
 class Settings:
   """The profile's settings (flags besides --config)."""
   steps: int = option(10, "Traced training steps per dtype.")
-  compute_dtypes: tuple[str, ...] = option((), "Compute dtypes (float32,bfloat16); default: the "
+  compute_dtypes: tuple[str, ...] = option((), "Compute dtypes (float32,bfloat16,auto); default: the "
                                            "config's train.compute_dtype.")
   top: int = option(15, "Operations listed per dtype, longest first.")
   instructions: int = option(0, "Also list this many compiled HLO instructions per dtype, "
@@ -49,7 +49,9 @@ def profile(config, s: Settings) -> str:
   print(f"load average at start: {harness.loadavg()} ({os.cpu_count()} CPUs); "
         f"{harness.cpu_line()}")
   base = training.setup(config, s.workdir)
-  runs = {d: train_throughput.with_compute_dtype(base, d)
+  # auto is resolved as bench_train resolves it; the config's own dtype was resolved by setup.
+  dc = base.task.data_config(config.data)
+  runs = {d: train_throughput.with_compute_dtype(base, train_throughput.resolved_dtype(base, dc, d))
           for d in s.compute_dtypes or [base.tc.compute_dtype]}
   steps = {d: r.step_fn() for d, r in runs.items()}
   batches, _ = train_throughput.compiled_batches(base, runs, steps, s.steps)

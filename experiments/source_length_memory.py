@@ -48,7 +48,11 @@ def step_memory(config, src_width: int):
   vocab = dc.vocab_size or 10_000
   task = get_task("summarize")
   mc = ModelConfig.from_config(config.model, src_vocab=vocab, tgt_vocab=vocab)
-  model = task.build_model(mc, seed=0, compute_dtype=tc.compute_dtype)
+  from attn.training import dtype_choice  # pylint: disable=import-outside-toplevel
+  # train.compute_dtype=auto resolved as a training run resolves it (measured, or cached).
+  dtype = dtype_choice.resolve(
+      tc.compute_dtype, lambda: dtype_choice.matmul_shapes(mc, dc.batch_size, 0)).dtype
+  model = task.build_model(mc, seed=0, compute_dtype=dtype)
   graphdef, state = nnx.split((model, nnx.Optimizer(model, make_optimizer(tc), wrt=nnx.Param)))
   B, Tt = dc.batch_size, dc.max_tgt_len
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)

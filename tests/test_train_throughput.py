@@ -68,7 +68,8 @@ def test_step_fn_hands_its_options_to_the_compiler(smoke_base):
 
 def test_bench_times_each_option_set_beside_the_defaults(tmp_path, capsys):
   settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(32,),
-                                       xla_options=NO_YNN, workdir=str(tmp_path))
+                                       compute_dtypes=("float32",), xla_options=NO_YNN,
+                                       workdir=str(tmp_path))
   table = train_throughput.run(_smoke_config(), settings)
   assert "| float32 |" in table and "| float32, no_ynn |" in table
   assert "tokens/s relative to float32: float32, no_ynn " in table
@@ -83,6 +84,8 @@ def test_bench_times_each_option_set_beside_the_defaults(tmp_path, capsys):
     ("ceiling_sizes", (1024, 0), r"--ceiling_sizes must be integers >= 1, got \[1024, 0\]"),
 ])
 def test_bench_train_settings_refuse_what_would_time_nothing(field, value, says):
+  """(And its dtype is auto unless one is named: chosen by measurement on the machine.)"""
+  assert train_throughput.Settings().compute_dtypes == ("auto",)
   with pytest.raises(ConfigError, match=says):
     train_throughput.Settings(**{field: value})
 
@@ -99,7 +102,8 @@ def test_bench_train_refuses_a_bad_flag_in_one_line_before_any_setup(tmp_path):
 def test_no_ceiling_sizes_time_the_steps_without_a_ceiling(tmp_path, capsys):
   """An empty --ceiling_sizes measures no ceiling, as in bench_decode: the table says n/a
   where a share of it would go."""
-  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(), workdir=str(tmp_path))
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(),
+                                       compute_dtypes=("float32",), workdir=str(tmp_path))
   table = train_throughput.run(_smoke_config(), settings)
   row = [l for l in table.splitlines() if l.startswith("| float32 |")]
   assert len(row) == 1 and row[0].rstrip(" |").endswith("| n/a | n/a | n/a")
@@ -111,7 +115,8 @@ def test_a_caption_config_times_the_captioners_own_step(tmp_path, capsys):
   sets up that task and times its step, on its batches of image regions."""
   config = caption_config.get_config("tiny")
   assert train_throughput.application_of_config(config) == "caption"
-  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(), workdir=str(tmp_path))
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(),
+                                       compute_dtypes=("float32",), workdir=str(tmp_path))
   table = train_throughput.run(config, settings)
   assert len([l for l in table.splitlines() if l.startswith("| float32 |")]) == 1
   out = capsys.readouterr().out

@@ -50,9 +50,10 @@ class Settings:
   steps: int = option(30, "Timed training steps per dtype and round.")
   rounds: int = option(2, "Round-robin rounds over the compute dtypes (and XLA option sets).")
   compute_dtypes: tuple[str, ...] = option(
-      (), "Compute dtypes to compare (float32,bfloat16,auto); default: the config's "
-      "train.compute_dtype. auto: the dtype train.compute_dtype=auto chooses on this machine for "
-      "this model (attn.training.dtype_choice), its row labelled with it, e.g. 'auto (float32)'.")
+      ("auto",), "Compute dtypes to compare (float32,bfloat16,auto). auto: the dtype "
+      "train.compute_dtype=auto chooses on this machine for this model "
+      "(attn.training.dtype_choice), its row labelled with it, e.g. 'auto (float32)'; empty: "
+      "the config's own train.compute_dtype.")
   ceiling_sizes: tuple[int, ...] = option(
       (1024, 2048), "n of the n x n bare-matmul ceiling, measured before the timed rounds and "
       "after them (none: no ceiling, and no percent of it)")
@@ -327,7 +328,7 @@ def run(config, s: Settings) -> str:
   option_sets = {"": None, **xla_option_sets(s.xla_options)}
   base = training.setup(config, s.workdir, task=name)
   dc = base.task.data_config(config.data)
-  # The config's own dtype by default: its `auto` is resolved as the run resolved it (setup).
+  # auto by default; empty: the config's own dtype (its `auto` resolved as the run resolved it).
   asked = s.compute_dtypes or [config.train.compute_dtype]
   dtypes = {d: resolved_dtype(base, dc, d) for d in asked}
   variants = {(f"{dtype_label(d, dtypes[d])}, {name}" if name
