@@ -127,7 +127,11 @@ def topk_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=Non
   # the TopK kernel and runs as a stable full sort of every row, ~10-20x slower at Tk = 1024,
   # k = 32 (as in attn.decoding.beam).
   values, _ = jax.lax.optimization_barrier(jax.lax.top_k(em, min(k, e.shape[-1])))
-  keep = mask & (em >= values[..., -1:])  # [..., Tq, Tk]
+  # e, not em (equal wherever mask holds): with em, the Transformer's cached decoding came
+  # out wrong under XLA:CPU's backend level 0 without fusion emitters (the test suite's
+  # flags; test_transformer.py::test_masks_cache_decoding_and_gradients), though the masks
+  # printed equal: a miscompile under those flags only, not isolated further.
+  keep = mask & (e >= values[..., -1:])  # [..., Tq, Tk]
   # Packed to bits and back: the backward pass needs the mask, and XLA would otherwise recompute
   # it from the scores, keeping every layer's [Tq, Tk] float scores alive until then (+30%
   # peak memory in the variant_costs encoder step at T = 1024); the words are Tk / 8 bytes.
