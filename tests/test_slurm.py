@@ -114,6 +114,25 @@ def log_of(run_dir):
     return f.read()
 
 
+# results.json fields and results.md columns that time the run: they differ from run to run.
+_TIMED = ("wall_s", "tokens_per_s", "decode_s", "eval_s", "train_s", "steps_per_s")  # prefixes
+
+
+def _untimed_fields(res):
+  return {k: v for k, v in res.items()
+          if not any(t in k for t in _TIMED) and k not in ("workdir", "command")}
+
+
+def _untimed(md):
+  """results.md's table rows with the columns whose header names a time blanked."""
+  rows = [line.split("|") for line in md.splitlines() if line.startswith("|")]
+  if not rows:
+    return md
+  header = [c.strip() for c in rows[0]]
+  timed = {i for i, c in enumerate(header) if any(t in c for t in _TIMED) or c.endswith("_s")}
+  return ["|".join("" if i in timed else c for i, c in enumerate(r)) for r in rows]
+
+
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
   """Every Slurm job of the module, submitted at once (the two that must be running early first,
@@ -172,7 +191,7 @@ def test_a_cancelled_task_is_resubmitted_alone_and_resumes_to_the_uninterrupted_
 
 
 @pytest.mark.slurm
-def test_a_sweep_through_the_slurm_array_gives_the_smoke_presets_figures(cluster, jobs):
+def test_a_sweep_through_the_slurm_array_gives_the_local_launchers_table(cluster, jobs, tmp_path):
   wd, job = jobs["sweep"]
   wait(cluster, job)
   args = ["--sweep=model.rnn.decoder=none,bahdanau", *SLURM]
@@ -191,6 +210,15 @@ def test_a_sweep_through_the_slurm_array_gives_the_smoke_presets_figures(cluster
   bleu = {n: results(os.path.join(wd, n))["bleu"] for n in ("decoder=none", "decoder=bahdanau")}
   for name, value in bleu.items():
     assert f"| {name} | {value:.3f} |" in md, md
+  # The same sweep through the local launcher: the same table, timing columns aside.
+  local = str(tmp_path / "local")
+  rc, out, err = launch(cluster, local, "--sweep=model.rnn.decoder=none,bahdanau")
+  assert rc == 0, out + err
+  with open(os.path.join(local, "results.md"), encoding="utf-8") as f:
+    assert _untimed(f.read()) == _untimed(md)
+  for name in bleu:
+    _assert_matches(results(os.path.join(wd, name)),
+                    _untimed_fields(results(os.path.join(local, name))))
   assert os.path.getsize(os.path.join(wd, "results.png")) > 1000
   # Rerunning the command submits nothing: both finished.
   rc, out, err = launch(cluster, wd, *args)
