@@ -249,6 +249,15 @@ def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_on
 def test_a_sweep_stopped_by_ctrl_c_resumes_to_the_results_of_an_uninterrupted_one(
     tmp_path, monkeypatch):
   cfg = _tiny_sweep()
+  # Calls of 12 steps (the task's default, 50, runs a model's 30 steps as one call): the loop
+  # counts a call's tokens before it runs, so the Ctrl-C below lands after the first call.
+  config_of = retrieve_task.run_config
+
+  def in_calls_of_12(*args):
+    config = config_of(*args)
+    config.train.steps_per_call = 12
+    return config
+  monkeypatch.setattr(retrieve_task, "run_config", in_calls_of_12)
   twin = retrieve.train_and_evaluate(cfg, str(tmp_path / "twin"), verbose=False)
   real = retrieve_task.RetrieveTask.train_tokens
   calls = []
@@ -258,11 +267,11 @@ def test_a_sweep_stopped_by_ctrl_c_resumes_to_the_results_of_an_uninterrupted_on
     if len(calls) == cfg.steps + 13:  # step 13 of the second model (2 distractors)
       raise KeyboardInterrupt
     return real(self, bundle, tc, step)
-  monkeypatch.setattr(retrieve_task.RetrieveTask, "train_tokens", ctrl_c_in_the_second_run)
   wd = tmp_path / "run"
-  with pytest.raises(KeyboardInterrupt):
-    retrieve.train_and_evaluate(cfg, str(wd), verbose=False)
-  monkeypatch.undo()
+  with monkeypatch.context() as m:
+    m.setattr(retrieve_task.RetrieveTask, "train_tokens", ctrl_c_in_the_second_run)
+    with pytest.raises(KeyboardInterrupt):
+      retrieve.train_and_evaluate(cfg, str(wd), verbose=False)
   second = pathlib.Path(retrieve.run_dir(str(wd), "retrieve", 2))
   assert sorted(n for n in os.listdir(second / "checkpoints") if n.isdigit()) == ["12"]
   assert not (second / "results.json").exists() and not (wd / retrieve.RESULTS_FILE).exists()
