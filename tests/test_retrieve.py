@@ -243,6 +243,35 @@ def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_on
   assert len(done.stderr.strip().splitlines()) == 1 and "is damaged" in done.stderr
 
 
+
+def test_serve_only_diagnose_refuses_a_model_json_or_results_lacking_a_field_in_one_line(
+    tiny_sweep, tmp_path):
+  """--serve_only --diagnose read model.json's trained_distractors and retrieve.json's config
+  unchecked: a file lacking one was a KeyError traceback."""
+  from attn.apps.retrieve import diagnosis
+  _, workdir = tiny_sweep
+  retrain = "rerun without --serve_only to retrain, or use another --workdir$"
+  cases = [(retrieve.MODEL_FILE, lambda saved: saved.pop("trained_distractors"),
+            "no field 'trained_distractors'"),
+           (retrieve.RESULTS_FILE, lambda saved: saved.pop("config"), "no field 'config'"),
+           (retrieve.RESULTS_FILE, lambda saved: saved["config"].pop("seed"), "no field 'seed'")]
+  for i, (name, damage, why) in enumerate(cases):
+    wd = tmp_path / f"lacking_{i}"
+    shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns(".lock", "runs"))
+    path = wd / name
+    saved = json.loads(path.read_text())
+    damage(saved)
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is damaged or not this "
+                       rf"application's \({why}\): {retrain}"):
+      diagnosis.load(str(wd))
+  done = subprocess.run([sys.executable, "-m", "experiments.retrieve",
+                         f"--workdir={tmp_path / 'lacking_0'}", "--serve_only", "--diagnose"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr[-2000:]
+  assert len(done.stderr.strip().splitlines()) == 1 and "trained_distractors" in done.stderr
+  assert not os.path.exists(tmp_path / "lacking_0" / diagnosis.DIAGNOSIS_FILE)
+
 # slow: retrieve trains through the shared loop, whose Ctrl-C resume tests/test_recommend.py and
 # tests/test_reliability.py pin fast
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from attn.config.configurable import option
 from attn.errors import ConfigError
 from attn.inspection import interventions as interventions_lib
 from attn.inspection import measures
+from attn.apps.focus.server import RETRAIN, damaged_file, read_saved_json
 from attn.apps.retrieve import data as pools
 from attn.apps.retrieve import evaluation
 from attn.apps.retrieve import model as retriever
@@ -132,19 +133,23 @@ def diagnosis_table(report: dict) -> str:
 
 def load(workdir: str):
   """The model the page serves and its test pools, rebuilt as the training run built them ->
-  (model, test PoolSet, the run's results). A ConfigError when the workdir lacks them."""
+  (model, test PoolSet, the run's results). One ConfigError line when the workdir lacks them or
+  when its retrieve.json or model.json is damaged (attn.apps.focus.server.damaged_file)."""
   # pylint: disable-next=import-outside-toplevel  (the page's module loads the saved model)
   from attn.apps.retrieve.server import RetrieveService
   service = RetrieveService.from_workdir(workdir)
   path = os.path.join(workdir, retrieve.RESULTS_FILE)
-  results = files.read_json(path) if os.path.exists(path) else None
-  if not isinstance(results, dict) or "config" not in results:
-    raise ConfigError(f"no readable {retrieve.RESULTS_FILE} in {workdir}: run without "
-                      "--serve_only first")
-  saved = files.read_json(os.path.join(workdir, retrieve.MODEL_FILE))
-  cfg = results["config"]
-  test = pools.held_out_pools(cfg["test_size"], saved["trained_distractors"], cfg["seed"],
-                             service.story_config, service.vocab)
+  if not os.path.exists(path):
+    raise ConfigError(f"no {retrieve.RESULTS_FILE} in {workdir}: {RETRAIN}")
+  results = read_saved_json(path)
+  with damaged_file(path):  # every field diagnose_workdir reads, checked before any work
+    test_size, seed = int(results["config"]["test_size"]), int(results["config"]["seed"])
+    results["modes"].get(service.cfg.mode, [])
+  model_file = os.path.join(workdir, retrieve.MODEL_FILE)
+  saved = read_saved_json(model_file)
+  with damaged_file(model_file):
+    distractors = int(saved["trained_distractors"])
+  test = pools.held_out_pools(test_size, distractors, seed, service.story_config, service.vocab)
   return nnx.merge(*service.model), test, results
 
 
