@@ -218,6 +218,23 @@ def test_an_older_workdir_is_checked_against_its_runs_and_reruns_with_what_only_
     assert json.load(f) == trained_with.as_json(focus.trained_settings(SMALL))
 
 
+
+@pytest.mark.parametrize("content, why", [
+    (b'{"train_size": 20', "JSONDecodeError"), (b'["train_size", 2000]', "a JSON list, not"),
+    (b"\xff\xfe", "UnicodeDecodeError")])
+def test_a_damaged_trained_with_json_is_refused_in_one_line(tmp_path, content, why):
+  """A trained_with.json that cannot be read used to count as no record: the rerun was checked
+  against the runs' config.json (here none: anything passed) and rewrote the record."""
+  (tmp_path / trained_with.SETTINGS_FILE).write_bytes(content)
+  path = re.escape(str(tmp_path / trained_with.SETTINGS_FILE))
+  with pytest.raises(WorkdirError, match=rf"^{path}: the record of what this workdir's models "
+                     rf"were trained with cannot be read \({why}.*\): delete it to fall back to "
+                     r"the runs' configs, or use another --workdir$"):
+    trained_with.recorded(str(tmp_path), str(tmp_path / focus.RUNS_DIR), focus.settings_of_run)
+  (tmp_path / trained_with.SETTINGS_FILE).unlink()  # deleted: the runs' configs (none here)
+  assert trained_with.recorded(str(tmp_path), str(tmp_path / focus.RUNS_DIR),
+                               focus.settings_of_run) == []
+
 def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_one_line(
     trained, tmp_path):
   _, workdir = trained

@@ -207,6 +207,22 @@ def test_a_rerun_with_other_training_settings_is_refused_before_anything_is_writ
     retrieve.train_and_evaluate(dataclasses.replace(cfg, train_size=61), str(old), verbose=False)
 
 
+
+def test_a_damaged_trained_with_json_is_refused_not_replaced(tiny_sweep, tmp_path):
+  """A cut-short trained_with.json was passed over for the runs' config.json and rewritten with
+  the rerun's settings: the evidence of what the models were trained with, silently replaced."""
+  cfg, workdir = tiny_sweep
+  wd = tmp_path / "damaged"
+  shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns(".lock"))
+  path = wd / trained_with.SETTINGS_FILE
+  path.write_text(path.read_text()[:20])
+  before = _snapshot(wd)
+  with pytest.raises(WorkdirError, match=rf"^{re.escape(str(path))}: the record of what this "
+                     r"workdir's models were trained with cannot be read \(JSONDecodeError: .*\): "
+                     r"delete it to fall back to the runs' configs, or use another --workdir$"):
+    retrieve.train_and_evaluate(cfg, str(wd), verbose=False)
+  assert _snapshot(wd) == before
+
 def test_serve_only_refuses_another_applications_workdir_and_damaged_files_in_one_line(
     tiny_sweep, tmp_path):
   _, workdir = tiny_sweep

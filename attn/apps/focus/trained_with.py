@@ -17,11 +17,13 @@ resumption), never lowered (the models would have trained more steps than the re
 
 A workdir written before trained_with.json existed: the settings are read back from the
 config.json of each of its runs that holds a checkpoint (the sweep's `settings_of_run`); a
-workdir without one holds no trained model.
+workdir without one holds no trained model. A trained_with.json that is there but cannot be read
+is refused, not passed over for the runs' configs (and then rewritten): it is the evidence.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Callable
 
@@ -44,12 +46,12 @@ def as_json(value):
 def recorded(workdir: str, runs_dir: str,
              settings_of_run: Callable[[dict], dict]) -> list[tuple[str, dict]]:
   """(where, settings) of what `workdir`'s models were trained with: trained_with.json's, else
-  (older workdirs) those of the config.json of each run in `runs_dir` that holds a checkpoint
-  (`settings_of_run` reads one); [] when the workdir records none."""
+  (older workdirs, without the file) those of the config.json of each run in `runs_dir` that
+  holds a checkpoint (`settings_of_run` reads one); [] when the workdir records none. A
+  WorkdirError naming trained_with.json when it is there but not a JSON object."""
   path = os.path.join(workdir, SETTINGS_FILE)
-  record = read_json(path)
-  if isinstance(record, dict):
-    return [(path, record)]
+  if os.path.lexists(path):
+    return [(path, _read_record(path))]
   found = []
   names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
   for run in (os.path.join(runs_dir, n) for n in names):
@@ -79,6 +81,24 @@ def check(workdir: str, here: dict, records: list[tuple[str, dict]], what: str) 
 def write(workdir: str, here: dict) -> None:
   """Records `here` as the settings the models in `workdir` train with."""
   write_json(os.path.join(workdir, SETTINGS_FILE), as_json(here))
+
+
+def _read_record(path: str) -> dict:
+  """The settings trained_with.json at `path` records; a WorkdirError naming it when it cannot
+  be read (cut short, not JSON, not an object): falling back to the runs' configs would check
+  against other evidence and then overwrite the record with this command's settings."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+    detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
+  else:
+    if isinstance(record, dict):
+      return record
+    detail = f"a JSON {type(record).__name__}, not an object"
+  raise workdir_lib.WorkdirError(
+      f"{path}: the record of what this workdir's models were trained with cannot be read "
+      f"({detail}): delete it to fall back to the runs' configs, or use another --workdir")
 
 
 def _raised(there, here) -> bool:
