@@ -206,6 +206,14 @@ def test_attention_numbers_are_checked_alike_in_every_architecture(make, message
   assert str(e.value) == message
 
 
+@pytest.mark.parametrize("fused", [True, "auto", "cpu_blocked"])
+def test_a_fused_setting_the_rnn_cannot_run_is_refused_naming_the_value_given(fused):
+  """The refusal said model.fused=True whatever was given (a target's name, or auto)."""
+  with pytest.raises(ConfigError) as e:
+    ModelConfig(src_vocab=V, tgt_vocab=V, fused=fused, rnn=RNNConfig(decoder="bahdanau"))
+  assert str(e.value).startswith(f"model.fused={fused!r}: decoder 'bahdanau' attends one step ")
+
+
 def test_length_limits_name_the_field_that_bounds_each_side():
   assert _rnn().length_limits() == {}
   assert _rnn(score="location").length_limits() == {

@@ -45,7 +45,7 @@ class Seq2Seq(nnx.Module):
       why = (registries.DECODERS.get(r.decoder).fused_unsupported(cfg)
              or core.fused_unsupported(r.score, r.normalizer, r.scope))
       if why:
-        raise ConfigError(f"model.fused=True: {why}")
+        raise ConfigError(f"model.fused={cfg.fused!r}: {why}")  # True, "auto" or a target
     copying.check_config(cfg)
 
   @staticmethod
