@@ -203,6 +203,28 @@ def test_ctrl_c_saves_the_training_time_since_the_last_progress_line(interrupted
   assert progress.train_tokens == tokens
 
 
+def _train_rows(workdir):
+  import json
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {r["step"]: r for r in map(json.loads, f) if r["split"] == "train"}
+
+
+def test_ctrl_c_before_a_progress_line_writes_it_so_the_resumed_run_leaves_no_hole(tmp_path):
+  """Ctrl-C in the call that ends at step 10, a progress line's step (log_every=10): the line
+  came after the call, so its train row was lost, and the resumed run, starting after step 10,
+  logged only step 20. Now the interrupt writes it first: the same rows as the uninterrupted
+  twin, step 10's the loss of the same step."""
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path / "run", _recommend(log_every=10), ctrl_c_at=10)
+  assert sorted(_train_rows(tmp_path / "run")) == [10]
+  _train(tmp_path / "run", _recommend(log_every=10))
+  _train(tmp_path / "twin", _recommend(log_every=10))
+  rows, twin = _train_rows(tmp_path / "run"), _train_rows(tmp_path / "twin")
+  assert sorted(rows) == sorted(twin) == [10, 20]
+  assert set(rows[10]) == set(twin[10]) and rows[10]["tokens_per_sec"] > 0
+  for step in (10, 20):
+    assert rows[step]["loss"] == pytest.approx(twin[step]["loss"], rel=1e-5), step
+
 def test_ctrl_c_that_spends_the_time_budget_leaves_its_steps_evaluation_due(tmp_path):
   """The first call (at least 0.4 s) passes train.max_wall_s=0.3 and is Ctrl-C'd: its time is
   saved, so the resumed run trains no further, and it evaluates step 5 first, as the twin that

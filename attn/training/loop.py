@@ -187,11 +187,12 @@ def is_better(score: tuple, best: tuple) -> bool:
 class _Timing:
   """Training time: the timed segment in progress (evaluations and saves are left out of it;
   t_seg None: none is, e.g. during an evaluation) and the logging window, the training seconds,
-  steps and tokens since the last progress line."""
+  steps and tokens since the last progress line (`logged`: its step, None before the first)."""
   t_seg: float | None
   s: float = 0.0
   steps: int = 0
   tokens: float = 0.0
+  logged: int | None = None
 
   def close_segment(self, run: Run) -> None:
     """Adds the segment's time (if one is in progress) to the run and the window; the next
@@ -257,13 +258,13 @@ def train(run: Run, ckpt: Checkpoints, writer: MetricsWriter, *, stop_after=None
             # Due from the moment the step exists: a Ctrl-C before the evaluation has finished
             # (in this call, or later in _after_step) saves the step with it still to run.
             p.eval_pending = p.eval_pending or _eval_due(run)
-          timing.steps += k
-          timing.tokens += ntok
+            timing.steps += k  # (with the step: a Ctrl-C's progress line counts this call)
+            timing.tokens += ntok
           stopped = _after_step(run, ckpt, writer, timing, last, group[-1], guard)
           if stopped:
             break
   except KeyboardInterrupt:
-    _save_on_interrupt(run, ckpt, timing, last, last_batch)
+    _save_on_interrupt(run, ckpt, writer, timing, last, last_batch)
     raise
   finally:
     if ahead is not None:
@@ -304,7 +305,7 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   eval_now = _eval_due(run) or (
       (out_of_time or bool(mark_now)) and run.task.has_eval(run.bundle))
   save_now = p.step % tc.checkpoint_every == 0 or last_step or out_of_time or bool(mark_now)
-  log_now = p.step % tc.log_every == 0 or last_step
+  log_now = _log_due(run)
   if log_now or eval_now or save_now:
     m = {k: float(v) for k, v in jax.device_get(last).items()}  # waits for the step
     check_divergence(run, m, ckpt)
@@ -315,11 +316,7 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
       check_divergence(run, {**m, "loss": loss_after_step(run, run.device_batch(host_batch))},
                        ckpt)
     if log_now:
-      rate = timing.tokens / max(timing.s, 1e-9)
-      p.window_rates.append(rate)
-      writer.write(p.step, "train", {**m, "tokens_per_sec": rate})
-      log.info(_progress(run, m, timing.s, timing.steps, timing.tokens))
-      timing.s, timing.steps, timing.tokens = 0.0, 0, 0.0
+      _log_progress(run, writer, timing, m)
   if out_of_time:
     log.info(f"train.max_wall_s={tc.max_wall_s:.0f} reached at step {p.step}: stopping")
   if eval_now:
@@ -333,6 +330,23 @@ def _after_step(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Tim
   if eval_now or save_now:
     timing.t_seg = time.time()
   return out_of_time
+
+
+def _log_due(run: Run) -> bool:
+  """Whether step run.progress.step has a progress line (a train row in metrics.jsonl)."""
+  p, tc = run.progress, run.tc
+  return p.step % tc.log_every == 0 or p.step == tc.steps
+
+
+def _log_progress(run: Run, writer: MetricsWriter, timing: _Timing, m: dict) -> None:
+  """The progress line of step run.progress.step (`m`: its metrics) and its train row: the
+  step's own metrics and the window's token rate; a new window starts."""
+  p = run.progress
+  rate = timing.tokens / max(timing.s, 1e-9)
+  p.window_rates.append(rate)
+  writer.write(p.step, "train", {**m, "tokens_per_sec": rate})
+  log.info(_progress(run, m, timing.s, timing.steps, timing.tokens))
+  timing.s, timing.steps, timing.tokens, timing.logged = 0.0, 0, 0.0, p.step
 
 
 def _eval_due(run: Run) -> bool:
@@ -371,11 +385,16 @@ def _evaluate(run: Run, ckpt: Checkpoints, writer: MetricsWriter,
   p.eval_pending = False
 
 
-def _save_on_interrupt(run: Run, ckpt: Checkpoints, timing: _Timing, last, host_batch) -> None:
+def _save_on_interrupt(run: Run, ckpt: Checkpoints, writer: MetricsWriter, timing: _Timing, last,
+                       host_batch) -> None:
   """After Ctrl-C: saves the current step unless it is saved already, its state was donated or
   it diverged since the last check (`last`: its metrics, `host_batch`: its batch, for the same
   check the loop makes before a save; the last good checkpoint is then kept). The training time
-  up to now is added to the run first, so the budget and the rates count it."""
+  up to now is added to the run first, so the budget and the rates count it. A step whose
+  progress line is due but was not written yet (the Ctrl-C came between the step and its line)
+  gets it first: the resumed run starts after that step and would never write its train row.
+  A step between progress lines gets none: a row is the metrics of the step it names, and the
+  resumed run writes the next line where an uninterrupted run does."""
   p, tc = run.progress, run.tc
   if any(x.is_deleted() for x in jax.tree.leaves(run.state) if isinstance(x, jax.Array)):
     log.warning(f"interrupted inside step {p.step + 1}, whose input state was donated: "
@@ -391,6 +410,8 @@ def _save_on_interrupt(run: Run, ckpt: Checkpoints, timing: _Timing, last, host_
     except TrainingDiverged as e:  # its message names the checkpoint kept and what to change
       log.warning(f"interrupted: {e}")
       return
+    if _log_due(run) and timing.logged != p.step:
+      _log_progress(run, writer, timing, m)
     if tc.max_wall_s and p.wall_s >= tc.max_wall_s and run.task.has_eval(run.bundle):
       # The resumed run trains no further: it evaluates this step first, as the run stopped by
       # its budget here would have (a step already evaluated is evaluated again, harmlessly).
