@@ -237,3 +237,19 @@ def test_an_rnn_with_topk_attention_keeps_top_k_keys_per_step():
   _, att = model.attention(random_batch([6, 4], [3, 5], 6, 5, V, V))
   assert jax.numpy.isfinite(att.weights).all()
   assert int((att.weights > 0).sum(-1).max()) == 2
+
+
+def test_the_captioner_and_packed_rows_refuse_a_fused_setting_naming_the_value_given():
+  """The two other fused refusals said model.fused=True whatever was given (auto, a target)."""
+  from attn import training  # pylint: disable=import-outside-toplevel
+  from experiments.configs import caption as caption_config  # pylint: disable=import-outside-toplevel
+  from experiments.configs import translate as translate_config  # pylint: disable=import-outside-toplevel
+  config = caption_config.get_config("tiny")
+  config.model.fused = "auto"  # on a decoder whose attention could run fused
+  config.model.rnn.decoder, config.model.rnn.input_feeding = "luong", False
+  with pytest.raises(ConfigError, match=r"^model\.fused='auto': the captioner's attention"):
+    training.validate_config(config, "caption")
+  config = translate_config.get_config("reverse_transformer")
+  config.model.fused, config.data.pack = "cpu_blocked", True
+  with pytest.raises(ConfigError, match=r"^data\.pack=True with model\.fused='cpu_blocked': "):
+    training.validate_config(config, "translate")

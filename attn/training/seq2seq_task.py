@@ -236,6 +236,6 @@ def check_packable(mc: ModelConfig) -> None:
              "row" if scope == "linear" else "local_p predicts a window over the whole "
              "row's source, not over one example's") + "; pack with another scope")
   if mc.fused:
-    raise ConfigError("data.pack=True with model.fused=True: the fused kernels take key "
+    raise ConfigError(f"data.pack=True with model.fused={mc.fused!r}: the fused kernels take key "
                       "lengths, not the per-example masks a packed row needs; set one of them "
                       "False")

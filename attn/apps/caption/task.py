@@ -86,7 +86,7 @@ class CaptionTask(Seq2SeqTask):
     if mc.rnn.pointer:
       raise ConfigError("model.rnn.pointer=True: a caption has no source words to copy")
     if mc.fused:
-      raise ConfigError("model.fused=True: the captioner's attention runs unfused "
+      raise ConfigError(f"model.fused={mc.fused!r}: the captioner's attention runs unfused "
                         "(model.fused=False)")
     if data.cells > mc.max_src_len:
       raise ConfigError(f"data.cells={data.cells} is over model.max_src_len={mc.max_src_len}, "
