@@ -50,7 +50,8 @@ def test_kernels_and_their_benchmark_import_nothing_of_attn_but_plotting():
              "attn.benchmarks.kernel_impls", "attn.benchmarks.harness",
              "attn.config", "attn.config.configurable",  # settings dataclasses (no jax)
              "attn.common", "attn.common.files", "attn.common.tables",  # writer, tables
-             "attn.common.plots", "attn.common.joiner")  # matplotlib only
+             "attn.common.plots", "attn.common.joiner",  # matplotlib only
+             "attn.common.cpu")  # /proc/cpuinfo
   heavy = [m for m in loaded if m not in allowed
            and m.startswith(APPLICATION + ("tensorflow_datasets", "grain", "flax"))]
   assert not heavy, heavy  # the GPU machine has jax but no data libraries

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from attn.common import cpu
+
 MIB = 2.0 ** 20
 GIB = 2.0 ** 30
 # Without it XLA CPU's YNNPACK fusion hides attention temporaries from the memory analysis.
@@ -159,22 +161,14 @@ def cpu_info(cpuinfo: str | None = None) -> dict:
   (or from `cpuinfo`, that file's text). Whether the CPU has AVX512_BF16 and AMX decides what a
   bfloat16 figure means. Where the text cannot be read (not Linux) each value is "unknown"; a
   model line that is missing alone reads "unknown", its flags are still read."""
-  if cpuinfo is None:
-    try:
-      with open("/proc/cpuinfo", encoding="utf-8") as f:
-        cpuinfo = f.read()
-    except OSError:
-      return {"model": UNKNOWN, "avx512_bf16": UNKNOWN, "amx": UNKNOWN}
-  model, flags = UNKNOWN, None
-  for line in cpuinfo.splitlines():  # the first processor's block is enough: they agree
-    key, _, value = line.partition(":")
-    key = key.strip()
-    if key == "model name" and model == UNKNOWN:
-      model = value.strip() or UNKNOWN
-    elif key in ("flags", "Features") and flags is None:  # Features: arm64's name
-      flags = set(value.split())
+  fields = cpu.cpuinfo_fields(cpuinfo)
+  if fields is None:
+    return {"model": UNKNOWN, "avx512_bf16": UNKNOWN, "amx": UNKNOWN}
+  model = fields.get("model name") or UNKNOWN
+  flags = fields.get("flags", fields.get("Features"))  # Features: arm64's name
   if flags is None:
     return {"model": model, "avx512_bf16": UNKNOWN, "amx": UNKNOWN}
+  flags = set(flags.split())
   return {"model": model, "avx512_bf16": "avx512_bf16" in flags,
           "amx": any(f in flags for f in AMX_FLAGS)}
 

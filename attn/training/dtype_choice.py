@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from attn.common import compile_cache, files
+from attn.common.cpu import cpuinfo_fields
 from attn.precision import AUTO, COMPUTE_DTYPES
 
 log = logging.getLogger(__name__)
@@ -181,16 +182,9 @@ def machine() -> dict:
   platform.processor() where it cannot be read), the jaxlib version and the backend."""
   import jax  # pylint: disable=import-outside-toplevel
   import jaxlib  # pylint: disable=import-outside-toplevel
-  cpu = ""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      lines = {}
-      for line in f:  # the first processor's block: they agree
-        key, _, value = line.partition(":")
-        lines.setdefault(key.strip(), value.strip())
-    cpu = f"{lines.get('model name', '')} | {lines.get('flags', lines.get('Features', ''))}"
-  except OSError:
-    pass
+  fields = cpuinfo_fields()
+  cpu = "" if fields is None else (
+      f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}")
   return {"cpu": cpu or platform.processor() or platform.machine(),
           "jaxlib": jaxlib.__version__, "backend": jax.default_backend()}
 
