@@ -5,8 +5,8 @@ run behind it and compare its curve with the recorded one.
     python -m experiments.check_claim multi30k_subword --data_dir=data/multi30k
     python -m experiments.check_claim multi30k_subword --steps=300 --config.train.seed=1
 
-A claim is a finished run's recorded curve, docs/results/curves/<name>.jsonl (attn.launching.claims
-says what it holds). The check trains the recorded config for its first --steps steps (default:
+A claim is a finished run's recorded curve, docs/results/curves/<name>.jsonl
+(attn.launching.claim_records says what it holds). The check trains the recorded config for its first --steps steps (default:
 about 10 minutes on the 2-core machine that recorded it) in a temporary workdir, with the recorded
 schedule (the run just stops early), and prints the loss at every logged step and the first
 evaluation's metrics side by side with the record: step, recorded, this run, difference, the
@@ -36,7 +36,7 @@ import sys
 from absl import flags
 
 import attn.apps  # noqa: F401  (registers the built-in applications)
-from attn.launching import claims, cli
+from attn.launching import claim_records, claims, cli
 
 FLAGS = flags.FLAGS
 DEPARTED = 1  # the exit status of a run that departs from its record
@@ -69,12 +69,12 @@ def main(argv):
       cli.fail(f"--record={s.record} records a run; it takes no claim name ({names[0]})")
     if not s.workdir:
       cli.fail("--record needs --workdir (the finished run)")
-    path = claims.record(s.record, s.workdir, FLAGS.command or (), s.curves_dir, cpu=cpu_info())
+    path = claim_records.record(s.record, s.workdir, FLAGS.command or (), s.curves_dir, cpu=cpu_info())
     print(f"recorded {path}; measure its tolerance next: python -m experiments.check_claim "
           f"{s.record} --measure_tolerance")
     return 0
   if not names:
-    known = claims.known_claims(s.curves_dir)
+    known = claim_records.known_claims(s.curves_dir)
     print(f"claims in {s.curves_dir}: " + (", ".join(known) if known else "none recorded yet"))
     return 0
   if s.measure_tolerance:

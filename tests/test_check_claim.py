@@ -12,7 +12,7 @@ import pytest
 
 from attn import training
 from attn.benchmarks.harness import cpu_info
-from attn.launching import claims, entry_points
+from attn.launching import claim_records, claims, entry_points
 from attn.training.config import _SCHEDULES, TrainConfig
 from experiments.configs import summarize as summarize_config
 from experiments.configs import translate as translate_config
@@ -51,7 +51,7 @@ def tiny_claim(tmp_path_factory):
   root = tmp_path_factory.mktemp("claims")
   curves = str(root / "curves")
   command = _train(root / "run", steps=12)
-  claims.record("tiny", str(root / "run"), [command], curves, cpu=cpu_info())
+  claim_records.record("tiny", str(root / "run"), [command], curves, cpu=cpu_info())
   claims.measure_tolerance("tiny", curves, seeds=(1,), dtypes=("float32", "bfloat16"))
   return curves, "tiny"
 
@@ -112,19 +112,19 @@ def test_a_record_holds_the_command_config_versions_cpu_and_the_curve(tiny_claim
 
 def test_the_default_prefix_is_sized_to_ten_minutes_of_the_recorded_run():
   # 2 steps/s: 1,200 steps in 600 s, less the evaluations' recorded time, in whole windows of 50.
-  assert claims.default_check_steps(50, 4200, 2.0, {}) == 1200
-  assert claims.default_check_steps(50, 4200, 2.0, {500: 150.0, 3000: 150.0}) == 900
-  assert claims.default_check_steps(50, 4200, 100.0, {}) == 4200  # the whole run fits
-  assert claims.default_check_steps(50, 40, 0.01, {}) == 40
+  assert claim_records.default_check_steps(50, 4200, 2.0, {}) == 1200
+  assert claim_records.default_check_steps(50, 4200, 2.0, {500: 150.0, 3000: 150.0}) == 900
+  assert claim_records.default_check_steps(50, 4200, 100.0, {}) == 4200  # the whole run fits
+  assert claim_records.default_check_steps(50, 40, 0.01, {}) == 40
 
 
 def test_a_record_refuses_a_command_that_is_not_the_run(tiny_claim, tmp_path):
   curves, name = tiny_claim
   workdir = os.path.join(os.path.dirname(curves), "run")
-  with pytest.raises(claims.ClaimError, match="train.steps is 12 there, 13 in the command"):
-    claims.record("other", workdir, [_command(workdir, steps=13)], str(tmp_path), cpu={})
-  with pytest.raises(claims.ClaimError, match="not a finished run"):
-    claims.record("other", str(tmp_path), [_command(workdir, steps=12)], str(tmp_path), cpu={})
+  with pytest.raises(claim_records.ClaimError, match="train.steps is 12 there, 13 in the command"):
+    claim_records.record("other", workdir, [_command(workdir, steps=13)], str(tmp_path), cpu={})
+  with pytest.raises(claim_records.ClaimError, match="not a finished run"):
+    claim_records.record("other", str(tmp_path), [_command(workdir, steps=12)], str(tmp_path), cpu={})
 
 
 def test_the_command_line_records_a_finished_run(tiny_claim, tmp_path):
@@ -134,8 +134,8 @@ def test_the_command_line_records_a_finished_run(tiny_claim, tmp_path):
   p = _cli("--record=again", f"--workdir={workdir}", f"--curves_dir={out}",
            f"--command={_command(workdir, steps=12)}")
   assert p.returncode == 0, p.stderr[-3000:]
-  again = claims.load_claim("again", out)
-  assert again.train == claims.load_claim("tiny", curves).train
+  again = claim_records.load_claim("again", out)
+  assert again.train == claim_records.load_claim("tiny", curves).train
   assert again.head["tolerance"] is None and "--measure_tolerance" in p.stdout
   p = _cli("--record=again", f"--workdir={workdir}", f"--curves_dir={out}")  # no --command
   assert p.returncode == 2 and p.stderr.strip().splitlines() == [
@@ -174,13 +174,13 @@ def test_a_multi_phase_claim_keeps_every_phase_and_checks_the_first(tmp_path):
   workdir, curves = tmp_path / "run", str(tmp_path / "curves")
   first = _train(workdir, steps=6)
   second = _train(workdir, steps=10)  # resumed: trains on to step 10 with the longer schedule
-  claims.record("phased", str(workdir), [first, second], curves, cpu=cpu_info())
-  claim = claims.load_claim("phased", curves)
+  claim_records.record("phased", str(workdir), [first, second], curves, cpu=cpu_info())
+  claim = claim_records.load_claim("phased", curves)
   assert [p["steps"] for p in claim.head["phases"]] == [6, 10]
   assert claim.first_phase["config"]["train"]["steps"] == 6  # built from the first command
   assert sorted(claim.train) == [2, 4, 6, 8, 10]  # the curve covers both phases
   assert claim.head["check_steps"] <= 6
-  with pytest.raises(claims.ClaimError, match="beyond the claim's 6 recorded steps of its first "
+  with pytest.raises(claim_records.ClaimError, match="beyond the claim's 6 recorded steps of its first "
                                               "phase"):
     claims.check("phased", curves, steps=8)
   claims.measure_tolerance("phased", curves, seeds=(0,), dtypes=("float32",))
@@ -216,9 +216,9 @@ def test_a_bad_steps_is_one_error_line(tiny_claim, steps, message):
 
 def test_a_claim_without_a_measured_tolerance_says_how_to_measure_it(tmp_path, tiny_claim):
   curves, name = tiny_claim
-  claim = claims.load_claim(name, curves)
+  claim = claim_records.load_claim(name, curves)
   claim.head["tolerance"] = None
   claim.path = str(tmp_path / f"{name}.jsonl")
   claim.write()
-  with pytest.raises(claims.ClaimError, match="--measure_tolerance"):
-    claims.compare(claims.load_claim(name, str(tmp_path)), 12, {}, {}, "float32")
+  with pytest.raises(claim_records.ClaimError, match="--measure_tolerance"):
+    claims.compare(claim_records.load_claim(name, str(tmp_path)), 12, {}, {}, "float32")
