@@ -17,7 +17,7 @@ from attn import decoding as decode
 from attn.benchmarks import decode_speed
 from attn import apps, training
 from attn.errors import ConfigError
-from attn.training import evaluation, loop
+from attn.training import building, evaluation
 from attn.apps.translate.task import TranslationTask
 from experiments.configs import caption as caption_config
 from tests.test_decode import edge_case_table, random_table, toy_init, toy_step
@@ -93,7 +93,7 @@ def test_a_real_model_decodes_the_same_tokens_on_the_fast_path(smoke_bahdanau_wo
   """A trained (smoke) RNN with attention, float32: beam 3 gives the same tokens, scores and
   weights as the search that reorders every state leaf, and without the attention history, or
   with finished examples leaving the batch (shrink_to), the same tokens and scores."""
-  run = loop.load_run(smoke_bahdanau_workdir)
+  run = building.load_run(smoke_bahdanau_workdir)
   graphdef, params = evaluation.params_view(run)
   batch = evaluation.decode_inputs(next(run.bundle.batches("test")))
   B = batch["src"].shape[0]
@@ -122,7 +122,7 @@ def test_a_real_model_decodes_the_same_tokens_on_the_fast_path(smoke_bahdanau_wo
 def test_a_real_model_decodes_greedily_the_same_with_a_shrinking_batch(smoke_bahdanau_workdir):
   """Greedy with finished rows leaving the batch (shrink_to, run as a one-beam search) gives
   the trained RNN's greedy tokens, lengths, attention and scores."""
-  run = loop.load_run(smoke_bahdanau_workdir)
+  run = building.load_run(smoke_bahdanau_workdir)
   graphdef, params = evaluation.params_view(run)
   batch = evaluation.decode_inputs(next(run.bundle.batches("test")))
   B = batch["src"].shape[0]
@@ -151,7 +151,7 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   with open(os.path.join(smoke_bahdanau_workdir, "results.json")) as f:
     results = json.load(f)
   assert results["beam_size"] == 1
-  assert record["sentences"] == len(loop.load_run(smoke_bahdanau_workdir).bundle.references())
+  assert record["sentences"] == len(building.load_run(smoke_bahdanau_workdir).bundle.references())
   # greedy once; beam 2 with the run's stop rule (bound) and with k_finished
   assert [(r["beam_size"], r["stop"]) for r in record["results"]] == [
       (1, "bound"), (2, "bound"), (2, "k_finished")]
@@ -170,7 +170,7 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   assert record["results"][1]["matmul_gflop"] > 1.5 * greedy["matmul_gflop"] > 0
   assert record["ceiling_gflop_per_s"]["dtype"] == "float32"
   assert len(record["ceiling_gflop_per_s"]["128"]) == 2  # before the timed passes and after
-  run = loop.load_run(smoke_bahdanau_workdir)
+  run = building.load_run(smoke_bahdanau_workdir)
   texts = evaluation.decode_split(run, "test", search=run.tc.search()).text
   assert greedy["mean_words"] == pytest.approx(
       np.mean([len(t.split()) for t in texts.values()]))
@@ -254,7 +254,7 @@ def test_a_run_whose_task_decodes_nothing_is_refused_before_any_work(
   def no_work(*a, **k):
     raise AssertionError("worked before refusing")
   monkeypatch.setattr(decode_speed.harness, "machine", no_work)
-  monkeypatch.setattr(loop, "load_run", no_work)
+  monkeypatch.setattr(building, "load_run", no_work)
   with pytest.raises(ConfigError) as e:
     decode_speed.run(decode_speed.Settings(workdir=str(tmp_path)))
   message = str(e.value)
@@ -298,7 +298,7 @@ def test_evaluation_during_training_decodes_without_attention(smoke_bahdanau_wor
                                                              monkeypatch):
   """The evaluations' greedy decoding scores text only: its search keeps no attention history,
   and it scores what the run's own evaluation of that checkpoint scored."""
-  run = loop.load_run(smoke_bahdanau_workdir)
+  run = building.load_run(smoke_bahdanau_workdir)
   seen, real = [], evaluation.decode_split
   monkeypatch.setattr(evaluation, "decode_split",
                       lambda *a, search, **kw: seen.append(search) or real(*a, search=search, **kw))

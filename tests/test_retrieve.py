@@ -76,7 +76,7 @@ def test_recall_at_k_against_a_hand_worked_example():
 def trained(tmp_path_factory):
   """(config, test pools, the model's outputs on them, (model, training losses logged every 10
   steps)) of a tiny run through the training loop."""
-  from attn.training import loop
+  from attn.training import building, loop
   cfg = retrieve.RetrieveConfig(stories=SMALL, distractors=(4,), modes=("retrieve",), dim=16,
                                 steps=250, batch_size=32, train_size=500, test_size=200)
   vocab = stories.Vocab.for_config(SMALL)
@@ -86,7 +86,7 @@ def trained(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("retrieve_run"))
   task = retrieve_task.RetrieveTask()
   loop.train_and_evaluate(config, wd, task)
-  model = loop.load_run(wd, task).model
+  model = building.load_run(wd, task).model
   with open(os.path.join(wd, "metrics.jsonl")) as f:
     losses = np.array([r["loss"] for r in map(json.loads, f) if r["split"] == "train"])
   return cfg, test_set, evaluation.run_model(model, test_set), (model, losses)
@@ -378,11 +378,11 @@ def test_the_whole_pool_step_fuses_its_sums_and_computes_the_same_step(tmp_path,
   """A whole-pool reader's step compiles with XLA's own reductions (jitting.XLA_REDUCTIONS),
   the retrieving modes with XLA's defaults; either way the step computes the same update."""
   from attn.common import jitting
-  from attn.training import loop
+  from attn.training import building
   cfg = retrieve.RetrieveConfig(stories=SMALL, dim=8, steps=2, batch_size=4, train_size=20,
                                 test_size=8)
-  run = loop.setup(retrieve_task.run_config(cfg, mode, 4), str(tmp_path),
-                   retrieve_task.RetrieveTask())
+  run = building.setup(retrieve_task.run_config(cfg, mode, 4), str(tmp_path),
+                       retrieve_task.RetrieveTask())
   options = run.task.compiler_options(run.tc, run.mc)
   assert options == (jitting.XLA_REDUCTIONS if mode == "whole_pool" else None)
   batch = run.device_batch(next(run.task.train_batches(run.bundle, run.tc, 0)))

@@ -13,7 +13,7 @@ from attn.apps.focus import sweep as focus
 from attn.common import compile_cache
 from attn.data import stories
 from attn.errors import ConfigError
-from attn.training import loop
+from attn.training import building, loop
 from experiments.configs import translate as translate_config
 
 FOCUS = focus.FocusConfig(stories=stories.StoryConfig(max_sentences=6), normalizers=("softmax",),
@@ -100,7 +100,7 @@ def test_a_run_stopped_between_calls_resumes_to_the_uninterrupted_run(tmp_path):
 
 def test_steps_per_call_below_one_is_refused():
   with pytest.raises(ConfigError, match="train.steps_per_call=0 must be >= 1"):
-    loop.validate_config(_focus_config(steps_per_call=0), "focus")
+    building.validate_config(_focus_config(steps_per_call=0), "focus")
 
 
 @pytest.mark.parametrize("on_mesh", [True, False])
@@ -115,7 +115,7 @@ def test_the_loss_program_compiled_ahead_is_the_one_the_divergence_check_calls(t
     run = training.setup(_focus_config(), str(tmp_path), task="focus")
   else:
     cfg, task = _focus_config(), loop.get_task("focus")
-    run = loop.build_run(cfg, str(tmp_path), task, loop.validate_config(cfg, task))
+    run = building.build_run(cfg, str(tmp_path), task, building.validate_config(cfg, task))
     assert run.mesh is None
   host = next(run.task.train_batches(run.bundle, run.tc, 0))
   batch = run.device_batch(host)

@@ -2,7 +2,7 @@
 summarization, captioning, any later one whose task is a `Seq2SeqTask`): the whole split per beam
 size, and the task's own score of what it decodes (entry point: experiments/bench_decode.py).
 
-Restores the run as the test decoding does (`loop.load_run`: the best checkpoint, else the
+Restores the run as the test decoding does (`building.load_run`: the best checkpoint, else the
 latest, with the run's compute dtype), then per beam size (and beam search stop rule, `stops`)
 decodes the whole split once untimed, so every batch shape is compiled, and times `rounds`
 further passes, round-robin over them (1, 5, 1, 5, ...: load from other jobs on a shared
@@ -138,8 +138,8 @@ def application(s: Settings) -> str:
 def load(s: Settings, name: str):
   """The finished run of `s.workdir`, of application `name` (WorkdirError naming what is
   missing)."""
-  from attn.training import loop  # pylint: disable=import-outside-toplevel
-  run = loop.load_run(s.workdir, task=name)
+  from attn.training import building  # pylint: disable=import-outside-toplevel
+  run = building.load_run(s.workdir, task=name)
   if s.split not in run.bundle.splits:
     raise DataError(f"{s.workdir} has no {s.split} split to decode")
   return run

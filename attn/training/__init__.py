@@ -18,8 +18,8 @@ from attn.decoding import Search
 from attn.training import distributed
 from attn.training.checkpoints import Checkpoints
 from attn.training.config import TrainConfig, make_optimizer
-from attn.training.loop import (Run, load_run, setup, train, train_and_evaluate, train_step,
-                                validate_config)
+from attn.training.building import load_run, setup, validate_config
+from attn.training.loop import Run, train, train_and_evaluate, train_step
 from attn.training.metrics_log import MetricsWriter
 from attn.training.results import results_table
 from attn.training.seq2seq_task import Seq2SeqTask

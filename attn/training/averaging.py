@@ -30,7 +30,7 @@ from flax import nnx
 from attn.errors import ConfigError
 from attn.training import evaluation
 from attn.training.checkpoints import Checkpoints
-from attn.training.loop import load_run
+from attn.training.building import load_run
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """`train.compute_dtype=auto`: the compute dtype chosen by measuring this machine, resolved once,
-in `attn.training.loop.build_run`, before the model is built; everything after it (the model,
+in `attn.training.building.build_run`, before the model is built; everything after it (the model,
 the step, config.json, results.json) sees the concrete dtype, float32 or bfloat16.
 
 Whether bfloat16 matmuls beat float32 ones is a property of the machine and of the shapes, not

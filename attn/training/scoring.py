@@ -36,7 +36,7 @@ from attn.errors import ConfigError
 from attn.evaluation import metrics as metrics_lib
 from attn.training import averaging, evaluation, marks
 from attn.training.checkpoints import restore_for_reading
-from attn.training.loop import load_run
+from attn.training.building import load_run
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ def load_run(workdir: str):
   has no attention. Writes nothing."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   from attn.apps.recommend import task as rec  # pylint: disable=import-outside-toplevel
-  from attn.training import checkpoints, loop  # pylint: disable=import-outside-toplevel
+  from attn.training import building, checkpoints  # pylint: disable=import-outside-toplevel
   res, why = _read(os.path.join(workdir, "results.json"))
   if res is None or "hr10" not in res:
     raise workdir_lib.WorkdirError(
@@ -72,7 +72,7 @@ def load_run(workdir: str):
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
   task = rec.RecommendTask()
-  run = loop.build_run(config, workdir, task, loop.validate_config(config, task), record=False)
+  run = building.build_run(config, workdir, task, building.validate_config(config, task), record=False)
   checkpoints.restore_for_reading(workdir, run)
   nnx.update((run.model, run.optimizer), run.state)
   return run, run.bundle.splits

@@ -224,7 +224,7 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
   given. Returns the results (what retrieve.json holds). A workdir whose models were trained
   with other settings (`trained_settings`) is refused (WorkdirError) before anything is
   written; the settings are recorded (trained_with.json) before any model trains."""
-  from attn.training import loop  # pylint: disable=import-outside-toplevel
+  from attn.training import building, loop  # pylint: disable=import-outside-toplevel
   say = print if verbose else (lambda *a, **k: None)
   sc = cfg.stories
   vocab = stories.Vocab.for_config(sc)
@@ -233,7 +233,7 @@ def train_and_evaluate(cfg: RetrieveConfig, workdir: str, *, page: str | None = 
   configs = {(d, mode): retrieve_task.run_config(cfg, mode, d)
              for d in cfg.distractors for mode in cfg.modes}
   for config in configs.values():
-    loop.validate_config(config, task)
+    building.validate_config(config, task)
     retrieve_task.load_pools(task.data_config(config.data))
   shown = pools.build(max(cfg.num_samples, 1), cfg.page_distractors, cfg.seed + 2_000_003, sc,
                       vocab)
