@@ -3,10 +3,10 @@ the results.
 
 The loop, in named pieces: `setup` (data, model, optimizer: attn.training.building) -> restore
 -> `train` (steps with progress, evaluation and checkpoints) -> `Task.write_results` (restore
-the best, evaluate the test split, write the result files). Everything that differs by application (the train
-section, the optimizer, the batches, the model, its loss and the divergence reference, the
-evaluation and the result files) comes from a registered `Task` (attn.training.task); the loop
-names no application. Library code: it never reads absl FLAGS.
+the best, evaluate the test split, write the result files). Everything that differs by
+application (the train section, the optimizer, the batches, the model, its loss and the
+divergence reference, the evaluation and the result files) comes from a registered `Task`
+(attn.training.task); the loop names no application. Library code: it never reads absl FLAGS.
 
 Data parallel: the state lives on a ("data", "model") mesh (`train.mesh_shape`) and every
 batch's rows are split over "data", on one process or several (attn.training.distributed says
