@@ -1,10 +1,8 @@
-"""What the CPU says of itself: the first processor's block of /proc/cpuinfo, read once for the
+"""What the CPU says of itself: the first processor's block of /proc/cpuinfo, read for the
 benchmarks' headers (attn.benchmarks.harness) and the compute-dtype cache's key
 (attn.training.dtype_choice)."""
 
 from __future__ import annotations
-
-import functools
 
 
 def cpuinfo_fields(text: str | None = None) -> dict[str, str] | None:
@@ -22,7 +20,6 @@ def cpuinfo_fields(text: str | None = None) -> dict[str, str] | None:
   return fields
 
 
-@functools.cache
 def _proc_cpuinfo() -> str | None:
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
