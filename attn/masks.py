@@ -86,3 +86,22 @@ def combine(*masks):
       continue
     out = m if out is None else jnp.logical_and(out, m)
   return out
+
+
+_WORD = 32  # keys per packed mask word
+
+
+def pack_bits(mask):
+  """bool [..., Tk] -> uint32 [..., ceil(Tk / 32)]: bit i of word w is key 32 w + i. A mask kept
+  for a backward pass this way costs Tk / 8 bytes a row instead of Tk (or the float scores XLA
+  would otherwise keep to recompute it)."""
+  pad = -mask.shape[-1] % _WORD
+  mask = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)])
+  words = mask.reshape(mask.shape[:-1] + (-1, _WORD)).astype(jnp.uint32)  # [..., W, 32]
+  return jnp.sum(words << jnp.arange(_WORD, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+
+
+def unpack_bits(words, Tk: int):
+  """pack_bits' inverse: uint32 [..., W] -> bool [..., Tk]."""
+  bits = (words[..., None] >> jnp.arange(_WORD, dtype=jnp.uint32)) & 1  # [..., W, 32]
+  return bits.reshape(words.shape[:-1] + (-1,))[..., :Tk].astype(bool)

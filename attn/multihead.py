@@ -92,6 +92,16 @@ def multihead(params, x_q, x_kv=None, *, num_heads, score="scaled_dot", normaliz
                            key_lengths=key_lengths,
                            target=core.fused_target(fused))  # [..., H, Tq, dh]
     w = None
+  elif (score_params is None and scope_params is None
+        and core.get(scope, "scope").kept_keys is not None):
+    # The heads as a batch axis, not a vmap: the scope's own path decides per call whether a
+    # tie sends it to the dense form (lax.cond), and a vmap would run both branches.
+    ctx, w = core.attend(None, q, k, v, score=score, normalizer=normalizer,
+                         mask=None if mask is None else jnp.asarray(mask)[..., None, :, :],
+                         temperature=temperature, causal=causal, scope=scope,
+                         half_width=half_width, top_k=top_k,
+                         key_lengths=None if key_lengths is None
+                         else jnp.asarray(key_lengths)[..., None])
   else:
     def one_head(sp, cp, q, k, v, mask):
       return core.attend(sp, q, k, v, score=score, normalizer=normalizer, mask=mask,

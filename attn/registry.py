@@ -133,6 +133,12 @@ class Variant:
   at_positions: for scopes that restrict query i by its row index i, the registered scope doing
     the same at explicit query positions (a cached decoding step has one row, at position t).
   banded: for scopes, True when attn.banded computes the restriction without the [T, T] scores.
+  dot_scale: for scores of the dot-product form e = c q.k, `dot_scale(d) -> c` (so a path can
+    score gathered keys itself); None for other scores.
+  kept_keys: for scopes that keep a few keys a query, the path that attends over those alone
+    for a `dot_scale` score under the softmax: `kept_keys(score_fn, c, q, kp, v, e, mask, *,
+    top_k, temperature) -> (context, keep mask)` (attn.topk_sparse). None: the scope narrows the
+    mask and the dense normalizer runs.
   """
   kind: str
   name: str
@@ -150,6 +156,8 @@ class Variant:
   all_pairs: bool = False
   at_positions: str | None = None
   banded: bool = False
+  dot_scale: Callable[[int], float] | None = None
+  kept_keys: Callable[..., Any] | None = None
 
 
 VARIANTS: dict[str, Registry[Variant]] = {kind: Registry(kind) for kind in KINDS}
@@ -164,7 +172,7 @@ def _kind(kind: str) -> Registry[Variant]:
 def register(kind: str, name: str, *, init=None, aliases=(), full_attention=False, prepare=None,
              fused=None, cost=None, positional=False, fusable=False, **flags):
   """Decorator registering the variant `fn` under `kind`/`name` (and aliases); `flags`: the
-  Variant's other boolean or name facts (additive_keys, all_pairs, at_positions, banded)."""
+  Variant's other facts (additive_keys, all_pairs, at_positions, banded, dot_scale, kept_keys)."""
   reg = _kind(kind)
 
   def decorator(fn):

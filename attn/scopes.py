@@ -19,6 +19,7 @@ from attn import masks as masks_lib
 from attn.linear import linear_attention
 from attn.precision import accum_dtype
 from attn.registry import register
+from attn.topk_sparse import kept_keys_attention
 
 _F32 = jnp.float32
 
@@ -87,24 +88,13 @@ def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=
   return mask & masks_lib.window_mask(p_t, Tk, D), masks_lib.gaussian_window(p_t, Tk, D)
 
 
-_WORD = 32  # keys per packed mask word
+def _topk_kept_keys(score_fn, scale, q, kp, v, e, mask, *, top_k=None, temperature=1.0):
+  """topk's own path over the k kept keys (attn.topk_sparse)."""
+  return kept_keys_attention(score_fn, scale, q, kp, v, e, mask,
+                             top_k=_need("topk", "top_k", top_k), temperature=temperature)
 
 
-def _pack(keep):
-  """bool [..., Tk] -> uint32 [..., ceil(Tk / 32)]: bit i of word w is key 32 w + i."""
-  pad = -keep.shape[-1] % _WORD
-  keep = jnp.pad(keep, [(0, 0)] * (keep.ndim - 1) + [(0, pad)])
-  words = keep.reshape(keep.shape[:-1] + (-1, _WORD)).astype(jnp.uint32)  # [..., W, 32]
-  return jnp.sum(words << jnp.arange(_WORD, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
-
-
-def _unpack(words, Tk):
-  """_pack's inverse: uint32 [..., W] -> bool [..., Tk]."""
-  bits = (words[..., None] >> jnp.arange(_WORD, dtype=jnp.uint32)) & 1  # [..., W, 32]
-  return bits.reshape(words.shape[:-1] + (-1,))[..., :Tk].astype(bool)
-
-
-@register("scope", "topk", aliases=("sparse",))
+@register("scope", "topk", aliases=("sparse",), kept_keys=_topk_kept_keys)
 def topk_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=None):
   """Top-k sparse attention: each query keeps its k highest-scoring valid keys.
 
@@ -135,7 +125,7 @@ def topk_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=Non
   # Packed to bits and back: the backward pass needs the mask, and XLA would otherwise recompute
   # it from the scores, keeping every layer's [Tq, Tk] float scores alive until then (+30%
   # peak memory in the variant_costs encoder step at T = 1024); the words are Tk / 8 bytes.
-  return _unpack(_pack(keep), e.shape[-1]), None
+  return masks_lib.unpack_bits(masks_lib.pack_bits(keep), e.shape[-1]), None
 
 
 @register("scope", "linear", full_attention=True)

@@ -68,7 +68,17 @@ def _require(name, what, value):
   return value
 
 
-@register("score", "dot", fused=_dot_product_fused(lambda d: 1.0), cost=_dot_cost)
+def _unit_scale(d):
+  del d
+  return 1.0
+
+
+def _inverse_sqrt(d):
+  return d ** -0.5
+
+
+@register("score", "dot", fused=_dot_product_fused(_unit_scale), cost=_dot_cost,
+          dot_scale=_unit_scale)
 def dot(params, q, k):
   """Luong dot: e_ij = q_i . k_j."""
   del params
@@ -76,7 +86,8 @@ def dot(params, q, k):
   return jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=accum_dtype(q, k))
 
 
-@register("score", "scaled_dot", fused=_dot_product_fused(lambda d: d ** -0.5), cost=_dot_cost)
+@register("score", "scaled_dot", fused=_dot_product_fused(_inverse_sqrt), cost=_dot_cost,
+          dot_scale=_inverse_sqrt)
 def scaled_dot(params, q, k):
   """Transformer scaled dot: e_ij = q_i . k_j / sqrt(d)."""
   del params
