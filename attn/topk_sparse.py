@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from attn import masks as masks_lib
+from attn.normalizers import softmax
 from attn.precision import accum_dtype
 
 
@@ -63,9 +64,8 @@ def _kept_softmax(vals, tau):
 def _dense_context(score_fn, q, kp, v, tau, bits):
   """The dense form's context: the softmax over the kept keys (`bits`, packed), every key tied
   with the k-th included. q: [N, Tq, d], bits: [N, Tq, W]."""
-  from attn import core  # pylint: disable=import-outside-toplevel  (core imports the scopes)
   e = score_fn(None, q, kp)  # [N, Tq, Tk]
-  w = core.normalize(e, masks_lib.unpack_bits(bits, e.shape[-1]), "softmax", tau)
+  w = softmax(e.astype(tau.dtype) / tau, masks_lib.unpack_bits(bits, e.shape[-1]))
   return jnp.einsum("...qk,...kd->...qd", w, v.astype(w.dtype))
 
 

@@ -16,7 +16,7 @@ APPLICATION = ("attn.apps", "attn.models", "attn.data", "attn.training", "attn.d
                "attn.inspection", "attn.config", "attn.launching", "attn.benchmarks", "attn.common")
 # The primitives: scores, normalizers, scopes, masks and what composes them; the error types.
 PRIMITIVES = {"__init__", "banded", "core", "errors", "linear", "masks", "multihead",
-              "normalizers", "precision", "registry", "scopes", "scores"}
+              "normalizers", "precision", "registry", "scopes", "scores", "topk_sparse"}
 
 
 def test_the_package_root_holds_the_primitives_only():
