@@ -207,10 +207,12 @@ def _attend(params, q, k, v, *, score, normalizer, mask, temperature, causal, sc
       and get(normalizer, "normalizer").fusable and bias is None and jnp.ndim(temperature) == 0):
     # The scope attends over its few kept keys itself; the dense weights below are formed only
     # for a caller that reads them (under jit, unread, they are never computed).
-    ctx, keep = scope_variant.kept_keys(score_variant.fn, score_variant.dot_scale(q.shape[-1]),
-                                        q, kp, v, e, m, top_k=top_k, temperature=temperature)
-    w = normalize(e, keep, kind=normalizer, temperature=temperature)
-    return ctx, w, jnp.where(keep, e.astype(w.dtype), -jnp.inf)
+    kept = scope_variant.kept_keys(score_variant.fn, score_variant.dot_scale(q.shape[-1]),
+                                   q, kp, v, e, m, top_k=top_k, temperature=temperature)
+    if kept is not None:  # None: at these shapes the dense form is the cheaper
+      ctx, keep = kept
+      w = normalize(e, keep, kind=normalizer, temperature=temperature)
+      return ctx, w, jnp.where(keep, e.astype(w.dtype), -jnp.inf)
   m, gain = scope_variant.fn(scope_params, q, e, m, half_width=half_width, top_k=top_k,
                              positions=positions)
   w = normalize(e, m, kind=normalizer, temperature=temperature)

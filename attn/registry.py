@@ -137,8 +137,9 @@ class Variant:
     score gathered keys itself); None for other scores.
   kept_keys: for scopes that keep a few keys a query, the path that attends over those alone
     for a `dot_scale` score under the softmax: `kept_keys(score_fn, c, q, kp, v, e, mask, *,
-    top_k, temperature) -> (context, keep mask)` (attn.topk_sparse). None: the scope narrows the
-    mask and the dense normalizer runs.
+    top_k, temperature) -> (context, keep mask)`, or None where the dense form is the cheaper
+    at those shapes (attn.topk_sparse). None: the scope narrows the mask and the dense
+    normalizer runs.
   """
   kind: str
   name: str

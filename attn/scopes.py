@@ -19,7 +19,7 @@ from attn import masks as masks_lib
 from attn.linear import linear_attention
 from attn.precision import accum_dtype
 from attn.registry import register
-from attn.topk_sparse import kept_keys_attention
+from attn.topk_sparse import gathering_pays, kept_keys_attention
 
 _F32 = jnp.float32
 
@@ -89,9 +89,12 @@ def local_p_scope(params, q, e, mask, *, half_width=None, top_k=None, positions=
 
 
 def _topk_kept_keys(score_fn, scale, q, kp, v, e, mask, *, top_k=None, temperature=1.0):
-  """topk's own path over the k kept keys (attn.topk_sparse)."""
-  return kept_keys_attention(score_fn, scale, q, kp, v, e, mask,
-                             top_k=_need("topk", "top_k", top_k), temperature=temperature)
+  """topk's own path over the k kept keys (attn.topk_sparse), where it is the cheaper; else None."""
+  top_k = _need("topk", "top_k", top_k)
+  if not gathering_pays(top_k, kp.shape[-1], v.shape[-1], e.shape[-1]):
+    return None
+  return kept_keys_attention(score_fn, scale, q, kp, v, e, mask, top_k=top_k,
+                             temperature=temperature)
 
 
 @register("scope", "topk", aliases=("sparse",), kept_keys=_topk_kept_keys)

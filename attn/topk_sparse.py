@@ -24,8 +24,14 @@ runs the dense form instead, forward and backward (`lax.cond`), so the outputs a
 form's in every case. That form runs over blocks of queries (about 64k scores a block and batch
 row), recomputing each block's scores in the backward pass: XLA allocates a conditional
 branch's temporaries apart from the rest of the step, and a whole [Tq, Tk] branch would raise
-every step's peak memory above global attention's for a case that rarely runs. Under a vmap that batches that test the cond runs both branches (correct,
+every step's peak memory above global attention's for a case that rarely runs. Whether a row
+ties is read off one slot more than kept (its (k+1)-th valid score equals its k-th), without a
+pass over [Tq, Tk]. Under a vmap that batches that test the cond runs both branches (correct,
 not faster): attn.multihead calls this with the heads as a batch axis, not a vmap.
+
+Where the k gathered keys and values of a query outweigh its Tk scores (`gathering_pays`), the
+scope keeps its dense form. The top-k itself (XLA:CPU's TopK kernel, one thread, ~31 ms for
+[4096, 1024] rows at k = 33 on a 2-core EPYC) stays the floor of any path that selects exactly.
 """
 
 from __future__ import annotations
@@ -162,6 +168,17 @@ def _context_bwd(score_fn, scale, res, g):
 _context.defvjp(_context_fwd, _context_bwd)
 
 
+def gathering_pays(top_k: int, d: int, dv: int, Tk: int) -> bool:
+  """Whether the kept keys' path costs less than the dense form: the k gathered keys and values
+  of a query (k (d + dv) floats, kept for the backward pass and moved twice more there) against
+  the Tk scores and weights a query the dense form holds. Measured in variant_costs' encoder
+  (d = dv = 16, k = 32): at Tk = 256 (k (d + dv) = 4 Tk) the gathers made the step slower and
+  its peak 2.3x global's; at Tk >= 1024 (<= Tk) the peak fell below global's. At d = 64,
+  Tk = 1024 (4 Tk) the path was no faster and 1.5x the temporaries; at Tk = 2048 (2 Tk), 0.6x
+  the time. Hence the bound 2 Tk."""
+  return top_k * (d + dv) <= 2 * Tk
+
+
 def kept_keys_attention(score_fn, scale: float, q, kp, v, e, mask, *, top_k: int, temperature):
   """Top-k softmax attention computed over the k kept keys (module docstring).
 
@@ -179,9 +196,17 @@ def kept_keys_attention(score_fn, scale: float, q, kp, v, e, mask, *, top_k: int
   acc = accum_dtype(e)
   em = jax.lax.stop_gradient(jnp.where(mask, e, -jnp.inf)).astype(acc)  # [N, Tq, Tk]
   # The barrier keeps the top-k the TopK kernel rather than a full sort (attn.scopes.topk_scope).
-  vals, idx = jax.lax.optimization_barrier(jax.lax.top_k(em, min(top_k, Tk)))  # [N, Tq, k]
+  k = min(top_k, Tk)
+  # One slot more than kept: a row keeps more than k keys (ties at its k-th) exactly when its
+  # (k+1)-th valid score equals its k-th, so no pass over [Tq, Tk] is needed to tell.
+  vals, idx = jax.lax.optimization_barrier(jax.lax.top_k(em, min(k + 1, Tk)))  # [N, Tq, k+1]
+  if vals.shape[-1] > k:
+    nxt = vals[..., k]
+    dense = jnp.any((nxt > -jnp.inf) & (nxt == vals[..., k - 1]))
+    vals, idx = vals[..., :k], idx[..., :k]
+  else:  # every key fits in the slots
+    dense = jnp.bool_(False)
   keep = mask & (e >= vals[..., -1:])
-  dense = jnp.any(jnp.sum(keep, axis=-1) > vals.shape[-1])  # a row keeps more keys than slots
   tau = jnp.asarray(temperature, acc)
   ctx = _context(score_fn, float(scale), q, kp, v, tau, idx, vals,
                  masks_lib.pack_bits(keep), dense)

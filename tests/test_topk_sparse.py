@@ -75,6 +75,7 @@ def test_attend_topk_matches_float64_numpy(dtype, tol, top_k, tau, causal):
   """attend(scope="topk", score="scaled_dot") on continuous scores (no ties: the kept-keys path
   runs), key lengths giving a row fewer valid keys than k and, causal, rows with one."""
   N, Tq, Tk, d = 3, 8, 12, 4
+  # k = 1, 3 gather (k (d + dv) <= 2 Tk); k = 16 > Tk keeps the dense form: both must match.
   q, k, v, r = _inputs(N, Tq, Tk, d, seed=top_k, dtype=dtype)
   lengths = jnp.array([Tk, 5, 2])
   mask = np.broadcast_to(np.arange(Tk) < np.asarray(lengths)[:, None, None], (N, Tq, Tk))
@@ -174,7 +175,8 @@ def test_the_kept_keys_path_alone_matches_without_ties():
 def test_multihead_topk_matches_the_dense_form(causal, topk_dense):
   """multihead(scope="topk") (the heads as a batch axis, no vmap) against the same scope's dense
   form run head by head, with key lengths; values and gradients."""
-  B, T, D, H, top_k = 2, 10, 16, 4, 3
+  B, T, D, H, top_k = 2, 40, 16, 4, 3
+  assert topk_sparse.gathering_pays(top_k, D // H, D // H, T)  # the kept keys' path runs
   x = jax.random.normal(jax.random.PRNGKey(0), (B, T, D))
   params = attn.init_multihead(jax.random.PRNGKey(1), D, num_heads=H)
   lengths = jnp.array([T, 6])
@@ -194,6 +196,13 @@ def test_multihead_topk_matches_the_dense_form(causal, topk_dense):
   ref = jax.jit(jax.grad(loss(reference), argnums=(0, 1)))(params, x)
   for g, g_ref in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
     np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_gathering_pays_where_the_gathered_rows_are_fewer_than_twice_the_scores():
+  assert topk_sparse.gathering_pays(32, 16, 16, 1024) and topk_sparse.gathering_pays(32, 16, 16, 512)
+  assert not topk_sparse.gathering_pays(32, 16, 16, 256)  # variant_costs at T = 256
+  assert not topk_sparse.gathering_pays(32, 64, 64, 1024)
+  assert topk_sparse.gathering_pays(32, 64, 64, 2048)
 
 
 def test_the_backward_pass_keeps_no_dense_weights():
