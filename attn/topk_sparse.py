@@ -57,14 +57,10 @@ def _scatter_add(Tk, idx, u):
 
 
 def _kept_softmax(vals, tau):
-  """p: [N, Tq, k] softmax of vals / tau over the slots holding a valid key (vals > -inf), 0 at
-  the others; a row with none is all zeros. The same arithmetic as the softmax normalizer's."""
+  """p: [N, Tq, k] the softmax normalizer over the slots holding a valid key (vals > -inf), 0 at
+  the others (a row with none: all zeros), and that validity."""
   valid = vals > -jnp.inf
-  s = vals / tau
-  top = jnp.where(valid[..., :1], s[..., :1], 0.0)  # lax.top_k's first value is the row's max
-  ex = jnp.where(valid, jnp.exp(jnp.where(valid, s, 0.0) - top), 0.0)
-  denom = jnp.sum(ex, axis=-1, keepdims=True)
-  return ex / jnp.where(denom > 0, denom, 1.0), valid
+  return softmax(vals / tau, valid), valid
 
 
 def _dense_context(score_fn, q, kp, v, tau, bits):
