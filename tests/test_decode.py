@@ -420,11 +420,13 @@ def test_shrinking_refuses_a_step_fn_closing_over_beam_rows():
     search(2)
 
 
-@pytest.mark.parametrize("B,N,k", [(3, 5000, 10), (2, 777, 6), (4, 300, 2), (2, 40, 4)])
+@pytest.mark.parametrize("B,N,k", [(3, 5000, 10), (2, 777, 6), (4, 300, 2), (2, 40, 4),
+                                   (2, 29540, 10)])
 @pytest.mark.parametrize("kind", ["normal", "ties", "half -inf", "all -inf"])
 def test_wide_top_k_is_lax_top_k(B, N, k, kind):
   """The chunked top-k of the beam step: the same values and indices as jax.lax.top_k, ties
-  (to the lowest index) and -inf rows included, N a multiple of the chunk or not."""
+  (to the lowest index) and -inf rows included, rows split into chunks as they are (5000 by
+  50s, 29540 by 70s) or padded (777: no width near 64 divides it)."""
   from attn.decoding.beam import _top_k_wide  # pylint: disable=import-outside-toplevel
   x = np.random.default_rng(N + k).standard_normal((B, N)).astype(np.float32)
   if kind == "ties":
@@ -436,6 +438,12 @@ def test_wide_top_k_is_lax_top_k(B, N, k, kind):
   want, got = jax.lax.top_k(x, k), jax.jit(_top_k_wide, static_argnums=1)(x, k)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("N,width", [(29540, 70), (5000, 50), (777, 64), (5908, 64), (4096, 64)])
+def test_chunk_width_divides_the_rows_where_a_width_near_64_does(N, width):
+  from attn.decoding.beam import _chunk_width  # pylint: disable=import-outside-toplevel
+  assert _chunk_width(N) == width
 
 
 # ----------------------------------------------------------------------------- stop rules

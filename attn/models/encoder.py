@@ -128,26 +128,30 @@ class Encoder(nnx.Module):
     positions before the scan, one large matmul (and one weight gradient) instead of Ts small
     ones whose weight gradients the backward scan adds up step by step; and the backward
     direction runs t = Ts-1..0 holding its initial carry past each length instead of flipping
-    every sequence with a gather."""
+    every sequence with a gather. The scans read time-major arrays: x [B, Ts, d] is turned once
+    (d is the narrowest width here), rather than each direction's [B, Ts, gates * H] projection,
+    and the directions' outputs are joined time-major and turned back once."""
+    xt = jnp.swapaxes(x, 0, 1)  # [Ts, B, d]
     if isinstance(layer, nnx.Bidirectional):
-      carry_f, out_f = _scan_direction(self.cfg.rnn.cell, layer.forward_rnn.cell, x, lengths,
+      carry_f, out_f = _scan_direction(self.cfg.rnn.cell, layer.forward_rnn.cell, xt, lengths,
                                        reverse=False)
-      carry_b, out_b = _scan_direction(self.cfg.rnn.cell, layer.backward_rnn.cell, x, lengths,
+      carry_b, out_b = _scan_direction(self.cfg.rnn.cell, layer.backward_rnn.cell, xt, lengths,
                                        reverse=True)
-      return (carry_f, carry_b), jnp.concatenate([out_f, out_b], axis=-1)
-    return _scan_direction(self.cfg.rnn.cell, layer.cell, x, lengths, reverse=False)
+      return (carry_f, carry_b), jnp.swapaxes(jnp.concatenate([out_f, out_b], axis=-1), 0, 1)
+    carry, out = _scan_direction(self.cfg.rnn.cell, layer.cell, xt, lengths, reverse=False)
+    return carry, jnp.swapaxes(out, 0, 1)
 
 
-def _scan_direction(cell_name: str, cell, x, lengths, *, reverse: bool):
-  """One direction of a recurrent layer over right-padded sequences. x: [B, T, d]; lengths: [B].
-  Returns (the carry after each sequence's last step in scan order, outputs [B, T, H]: the
-  state after each position; past a length, the forward direction repeats its last state and
-  the backward one its initial zeros).
+def _scan_direction(cell_name: str, cell, xt, lengths, *, reverse: bool):
+  """One direction of a recurrent layer over right-padded sequences. xt: [T, B, d] (time-major);
+  lengths: [B]. Returns (the carry after each sequence's last step in scan order, outputs
+  [T, B, H]: the state after each position; past a length, the forward direction repeats its
+  last state and the backward one its initial zeros).
 
   The recurrent weight's gradient is one product after the loop (attn.models.recurrence)."""
   kind = registries.CELLS.get(cell_name)
-  B, T, _ = x.shape
-  xi = jnp.swapaxes(cell.dense_i(x), 0, 1)  # [T, B, gates * H]
+  T, B, _ = xt.shape
+  xi = cell.dense_i(xt)  # [T, B, gates * H]
   carry0 = kind.carry_from_h(jnp.zeros((B, cell.hidden_features), jnp.float32))
   graphdef, params = nnx.split(cell)
 
@@ -164,6 +168,5 @@ def _scan_direction(cell_name: str, cell, x, lengths, *, reverse: bool):
     return carry, kind.h_of(carry)
 
   weights = {"dense_h": cell.dense_h.kernel[...]}
-  carry, out = recurrence.scan(body, weights, (params, lengths), carry0, (xi, jnp.arange(T)),
-                               dtype=operand_dtype(cell.dense_h), reverse=reverse)
-  return carry, jnp.swapaxes(out, 0, 1)
+  return recurrence.scan(body, weights, (params, lengths), carry0, (xi, jnp.arange(T)),
+                         dtype=operand_dtype(cell.dense_h), reverse=reverse)
