@@ -50,6 +50,37 @@ def test_the_previous_handler_is_restored():
   assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_sigterm_inside_a_step_is_held_as_ctrl_c_and_the_handler_restored():
+  """A scheduler's SIGTERM (preemption, a time limit, kill) is Ctrl-C to the guard: held to the
+  end of the step, then raised, so the loop saves the step; the handler before comes back."""
+  before = signal.getsignal(signal.SIGTERM)
+  done = []
+  with InterruptGuard() as guard:
+    assert signal.getsignal(signal.SIGTERM) is not before
+    with pytest.raises(KeyboardInterrupt):
+      with guard.step():
+        os.kill(os.getpid(), signal.SIGTERM)
+        done.append("rest of the step")
+  assert done == ["rest of the step"]
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_ignored_sigterm_stays_ignored():
+  """A Slurm task's run ignores SIGTERM (the task passes it on as SIGINT): the guard leaves that
+  alone, so one stop does not arrive as two interrupts (the second would not wait for the
+  step)."""
+  previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  try:
+    with InterruptGuard() as guard:
+      assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+      with guard.step():
+        os.kill(os.getpid(), signal.SIGTERM)
+      assert not guard.pending
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 def test_ctrl_c_exits_130_at_once_whatever_threads_still_run(tmp_path):
   """The entry points' Ctrl-C path ends the process itself (cli.exit_now): a thread still at work
   (as XLA's, tensorstore's or grain's may be during set-up) neither delays the exit nor runs

@@ -403,7 +403,10 @@ def test_a_failed_save_stops_at_that_step_keeping_earlier_checkpoints(tmp_path):
   assert training.train_and_evaluate(_tiny(steps=4), str(tmp_path))["step"] == 4  # resumes
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path, signum):
+  """Ctrl-C, and a scheduler's SIGTERM (a preemption, `srun` or `kill` outside a launch.py
+  Slurm task; before: the run died at once, nothing saved since the last checkpoint)."""
   p = subprocess.Popen(
       [sys.executable, "-m", "experiments.translate", SMOKE, f"--workdir={tmp_path}",
        "--config.train.steps=1000000", "--config.train.log_every=50",
@@ -414,7 +417,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     lines.append(line)
     if "step 100/" in line:
       break
-  p.send_signal(signal.SIGINT)
+  p.send_signal(signum)
   rest = p.stderr.read()
   assert p.wait(timeout=120) == 130, "".join(lines)[-2000:] + rest[-2000:]
   assert "Traceback" not in rest and "interrupted at step" in rest
