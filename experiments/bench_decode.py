@@ -10,10 +10,13 @@ stop rule, --stops=bound,k_finished) untimed (compiling every batch shape), then
 the whole split for each (--rounds passes, round-robin), and prints and writes {"application",
 "score", "sentences", "load", "ceiling_gflop_per_s", "results": [{"beam_size", "stop",
 "decode_s", "sentences_per_s", <score>, "mean_words", "words_per_s", "compile_s", "matmul_gflop",
-"matmul_gflop_per_s", "percent_of_ceiling", "decode_s_at_ceiling"}, ...]}, where "score" names
-the task's own score (the first of its `scores`: bleu, rouge1, digit_accuracy) and each result
-holds it under that name; "matmul_gflop" is the work along the outputs (None where the model has
-no analytic count), and the ceiling is the bare matmul's in the run's compute dtype. The flags
+"matmul_gflop_per_s", "percent_of_ceiling", "decode_s_at_ceiling", "step_alone"}, ...]},
+where "score" names the task's own score (the first of its `scores`: bleu, rouge1,
+digit_accuracy) and each result holds it under that name; "matmul_gflop" is the work along the
+outputs (None where the model has no analytic count), the ceiling is the bare matmul's in the
+run's compute dtype, and "step_alone" is the model's decoding step timed apart from the search
+at the beam size's rows ({"rows", "source_width", "steps", "step_ms", "step_gflop",
+"step_gflop_per_s", "percent_of_ceiling"}; None with --step_steps=0). The flags
 are the fields of attn.benchmarks.decode_speed.Settings (defaults and help live there); a
 missing workdir, an unfinished run, a run whose task decodes nothing (recommend, retrieve,
 focus) or a --json_out it cannot write (checked before anything runs) exits with status 2 and

@@ -175,6 +175,37 @@ def test_bench_decode_times_each_beam_size_and_scores_like_the_run(smoke_bahdana
   assert greedy["mean_words"] == pytest.approx(
       np.mean([len(t.split()) for t in texts.values()]))
   assert set(record["load"]) == {"start", "end"} and record["shrink_to"] == 2
+  # The step alone, on the split's first batch at each beam size's rows: its traced matmuls
+  # (K times greedy's at K times the rows) and their rate against the same ceiling.
+  first = next(iter(run.bundle.batches("test")))
+  for r in record["results"]:
+    alone = r["step_alone"]
+    assert alone["rows"] == first["src"].shape[0] * r["beam_size"]
+    assert alone["source_width"] == first["src"].shape[1] and alone["steps"] == 20
+    assert alone["step_ms"] > 0
+    assert alone["step_gflop_per_s"] == pytest.approx(alone["step_gflop"] / alone["step_ms"] * 1e3)
+    assert alone["percent_of_ceiling"] == pytest.approx(
+        100 * alone["step_gflop_per_s"] / record["ceiling_gflop_per_s"]["best"])
+  assert record["results"][1]["step_alone"]["step_gflop"] == pytest.approx(
+      2 * greedy["step_alone"]["step_gflop"], rel=0.01)
+
+
+def test_the_step_alone_counts_the_traced_step_and_can_be_left_out(smoke_bahdanau_workdir):
+  """step_alone's matmul work is the traced step's at its rows (the model's own step function,
+  as the search calls it); --step_steps=0 times no step."""
+  from attn.models import cost
+  run = building.load_run(smoke_bahdanau_workdir)
+  batch = next(iter(run.bundle.batches("test")))
+  alone = decode_speed.step_alone(run, batch, 3, steps=4)
+  src = jnp.repeat(jnp.asarray(batch["src"]), 3, axis=0)
+  lengths = jnp.repeat(jnp.asarray(batch["src_lengths"]), 3, axis=0)
+  state = run.model.initial_decode_state(src, lengths)
+  want = cost.jaxpr_flops(run.model.step_fn(), state, jnp.full((src.shape[0],), 1, jnp.int32))
+  assert alone["step_gflop"] == pytest.approx(want / 1e9)
+  assert (alone["rows"], alone["steps"]) == (src.shape[0], 4)
+  s = decode_speed.Settings(workdir=smoke_bahdanau_workdir, beam_sizes=(1,), step_steps=0,
+                            ceiling_sizes=(128,))
+  assert decode_speed.run(s)["results"][0]["step_alone"] is None
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +367,7 @@ def test_first_argmax_is_jnp_argmax_and_its_value():
 
 @pytest.mark.parametrize("field,value,says", [
     ("shrink_to", -1, "--shrink_to must be >= 0, got -1"),
+    ("step_steps", -1, "--step_steps must be >= 0, got -1"),
     ("beam_sizes", (0,), "--beam_sizes must be integers >= 1"),
     ("rounds", 0, "--rounds must be >= 1"),
     ("ceiling_sizes", (1024, 0), r"--ceiling_sizes must be integers >= 1, got \[1024, 0\]"),

@@ -21,7 +21,11 @@ Beside each time, the matmul work along the outputs (`output_work`: the encoder 
 and K decoder rows a step per output token, no padding; what any implementation of the model
 must multiply to emit those outputs) and the rate the pass did it at, against the bare-matmul
 ceiling in the run's compute dtype measured before the timed passes and after them (as
-bench_train reads its own): how far a decoding time is from what the CPU allows.
+bench_train reads its own): how far a decoding time is from what the CPU allows. Beside that,
+the model's decoding step timed alone (`step_alone`, `step_steps` steps on the split's first
+batch at each beam size's rows, apart from the search): the rate its own matmuls run at, so
+that what the search adds (finished and padding rows, its bookkeeping) can be told from what
+the step loses.
 A run of an application whose task decodes nothing (recommendation, retrieval, the focus demo)
 is refused before anything is loaded. Every figure goes with the load average.
 """
@@ -66,6 +70,9 @@ class Settings:
   attention: bool = option(False, "Also record each step's attention, as the run's test "
                            "decoding does for attention.npz (default: the outputs only, as the "
                            "evaluations during training decode; the same tokens).")
+  step_steps: int = option(20, "Steps of the model's decoding step timed alone, apart from "
+                           "the search, on the split's first batch at each beam size's rows "
+                           "(0 = not timed): how near the ceiling one step's matmuls run.")
 
   def __post_init__(self):
     if not self.workdir:
@@ -77,6 +84,8 @@ class Settings:
       raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
     if self.shrink_to < 0:
       raise ConfigError(f"--shrink_to must be >= 0, got {self.shrink_to}")
+    if self.step_steps < 0:
+      raise ConfigError(f"--step_steps must be >= 0, got {self.step_steps}")
     known = ("run",) + tuple(STOP_RULES)
     if not self.stops or any(x not in known for x in self.stops):
       raise ConfigError(f"--stops={','.join(self.stops)}: each must be one of "
@@ -189,6 +198,51 @@ def work_figures(flops: int | None, seconds: float, ceiling: float | None) -> di
           "decode_s_at_ceiling": at(lambda: gflop / ceiling)}
 
 
+def step_alone(run, batch, beam_size: int, steps: int) -> dict:
+  """The model's decoding step alone, apart from the search: `steps` steps of its step function
+  in a `fori_loop` over `batch` tiled to beam_size rows an example (BOS fed at every step),
+  less the encoder and the tiling, timed alone. Returns {"rows", "source_width", "steps",
+  "step_ms", "step_gflop" (the traced step's matmul FLOPs), "step_gflop_per_s"}. Against a
+  pass's rate it tells what the search adds to its steps' products (finished and padding rows,
+  its bookkeeping)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from attn.data.tokens import BOS  # pylint: disable=import-outside-toplevel
+  from attn.decoding.step import tile_beams, unpack  # pylint: disable=import-outside-toplevel
+  from attn.models import cost  # pylint: disable=import-outside-toplevel
+  from attn.training import evaluation  # pylint: disable=import-outside-toplevel
+  graphdef, params = evaluation.params_view(run)
+  inputs = evaluation.decode_inputs(batch)
+  longest = run.model.longest_output
+  n = steps if longest is None else max(1, min(steps, longest))
+  rows = inputs["src"].shape[0] * beam_size
+  feed = jnp.full((rows,), BOS, jnp.int32)
+
+  def start(params, inputs):
+    model = nnx.merge(graphdef, params)
+    return model, tile_beams(model.initial_decode_state(
+        inputs["src"], inputs["src_lengths"], inputs.get("src_ext"), max_len=n), beam_size)
+
+  def run_steps(params, inputs):
+    model, state = start(params, inputs)
+    step = model.step_fn()
+
+    def body(_, carry):
+      state, total = carry
+      state, logp = unpack(step(state, feed))[:2]
+      return state, total + logp[:, 0]
+    return jax.lax.fori_loop(0, n, body, (state, jnp.zeros((rows,), jnp.float32)))[1]
+
+  encode = jax.jit(lambda params, inputs: start(params, inputs)[1])
+  fastest = lambda fn: min(harness.call_times(fn, [(params, inputs)]))
+  seconds = (fastest(jax.jit(run_steps)) - fastest(encode)) / n
+  model, state = start(params, inputs)
+  gflop = cost.jaxpr_flops(model.step_fn(), state, feed) / 1e9
+  return {"rows": rows, "source_width": int(inputs["src"].shape[1]), "steps": n,
+          "step_ms": 1e3 * seconds, "step_gflop": gflop,
+          "step_gflop_per_s": gflop / seconds if seconds > 0 else None}
+
+
 def print_result(r: dict, label: str, record: dict) -> None:
   """One result's lines: its time, compile time and score, then its matmul work and rate (and
   their share of the ceiling, where one was measured)."""
@@ -202,6 +256,13 @@ def print_result(r: dict, label: str, record: dict) -> None:
           + ("" if ceiling["best"] is None else
              f", {r['percent_of_ceiling']:.0f}% of the {ceiling['dtype']} ceiling "
              f"({ceiling['best']:.0f}); {r['decode_s_at_ceiling']:.2f} s at the ceiling"))
+  alone = r.get("step_alone")
+  if alone and alone["step_gflop_per_s"]:
+    share = ("" if alone["percent_of_ceiling"] is None
+             else f", {alone['percent_of_ceiling']:.0f}% of the ceiling")
+    print(f"  its step alone at {alone['rows']} rows, source width {alone['source_width']}: "
+          f"{alone['step_ms']:.2f} ms, {alone['step_gflop']:.2f} GFLOP, "
+          f"{alone['step_gflop_per_s']:.1f} GFLOP/s{share}")
 
 
 def run(s: Settings) -> dict:
@@ -246,8 +307,15 @@ def run(s: Settings) -> dict:
         work[key] = output_work(run_, decoded, key[0])
       print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
             f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
+  first_batch = next(iter(run_.bundle.batches(s.split)))
+  alone = {k: step_alone(run_, first_batch, k, s.step_steps)
+           for k in dict.fromkeys(s.beam_sizes)} if s.step_steps else {}
   ceilings.measure()
   ceiling = ceilings.best(dtype)
+  for figures in alone.values():
+    rate = figures["step_gflop_per_s"]
+    figures["percent_of_ceiling"] = (None if rate is None or ceiling is None
+                                     else 100.0 * rate / ceiling)
   results = []
   for key, ts in times.items():
     t = float(np.median(ts))
@@ -255,7 +323,8 @@ def run(s: Settings) -> dict:
                     score: scored[key], "mean_words": words[key],
                     "words_per_s": words[key] * n / t,
                     "compile_s": max(first[key] - t, 0.0), "decode_s_all": ts,
-                    **work_figures(work[key], t, ceiling)})
+                    **work_figures(work[key], t, ceiling),
+                    "step_alone": alone.get(key[0])})
   record = {"application": name, "score": score, "sentences": n, "split": s.split,
             "workdir": s.workdir, "compute_dtype": run_.tc.compute_dtype,
             "attention": s.attention, "shrink_to": s.shrink_to,
