@@ -198,20 +198,21 @@ def work_figures(flops: int | None, seconds: float, ceiling: float | None) -> di
           "decode_s_at_ceiling": at(lambda: gflop / ceiling)}
 
 
-def step_alone(run, batch, beam_size: int, steps: int) -> dict:
+def step_alone(run, batch, beam_size: int, steps: int, params=None) -> dict:
   """The model's decoding step alone, apart from the search: `steps` steps of its step function
   in a `fori_loop` over `batch` tiled to beam_size rows an example (BOS fed at every step),
   less the encoder and the tiling, timed alone. Returns {"rows", "source_width", "steps",
   "step_ms", "step_gflop" (the traced step's matmul FLOPs), "step_gflop_per_s"}. Against a
   pass's rate it tells what the search adds to its steps' products (finished and padding rows,
-  its bookkeeping)."""
+  its bookkeeping). params: the (graphdef, params) of `evaluation.params_view(run)`, when the
+  caller has them."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from attn.data.tokens import BOS  # pylint: disable=import-outside-toplevel
   from attn.decoding.step import tile_beams, unpack  # pylint: disable=import-outside-toplevel
   from attn.models import cost  # pylint: disable=import-outside-toplevel
   from attn.training import evaluation  # pylint: disable=import-outside-toplevel
-  graphdef, params = evaluation.params_view(run)
+  graphdef, params = params or evaluation.params_view(run)
   inputs = evaluation.decode_inputs(batch)
   longest = run.model.longest_output
   n = steps if longest is None else max(1, min(steps, longest))
@@ -236,8 +237,9 @@ def step_alone(run, batch, beam_size: int, steps: int) -> dict:
   encode = jax.jit(lambda params, inputs: start(params, inputs)[1])
   fastest = lambda fn: min(harness.call_times(fn, [(params, inputs)]))
   seconds = (fastest(jax.jit(run_steps)) - fastest(encode)) / n
-  model, state = start(params, inputs)
-  gflop = cost.jaxpr_flops(model.step_fn(), state, feed) / 1e9
+  # The step's products counted on its trace, from the state's shapes (no encoder run).
+  state = jax.eval_shape(lambda params, inputs: start(params, inputs)[1], params, inputs)
+  gflop = cost.jaxpr_flops(nnx.merge(graphdef, params).step_fn(), state, feed) / 1e9
   return {"rows": rows, "source_width": int(inputs["src"].shape[1]), "steps": n,
           "step_ms": 1e3 * seconds, "step_gflop": gflop,
           "step_gflop_per_s": gflop / seconds if seconds > 0 else None}
@@ -308,7 +310,8 @@ def run(s: Settings) -> dict:
       print(f"  round {rnd + 1} {label(*key)}: {times[key][-1]:.2f} s, "
             f"{n / times[key][-1]:.0f} sentences/s (load {harness.loadavg()})")
   first_batch = next(iter(run_.bundle.batches(s.split)))
-  alone = {k: step_alone(run_, first_batch, k, s.step_steps)
+  view = evaluation.params_view(run_) if s.step_steps else None
+  alone = {k: step_alone(run_, first_batch, k, s.step_steps, view)
            for k in dict.fromkeys(s.beam_sizes)} if s.step_steps else {}
   ceilings.measure()
   ceiling = ceilings.best(dtype)
