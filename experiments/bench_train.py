@@ -14,7 +14,11 @@ or the cached rates); its row says which dtype it chose, e.g. `auto (bfloat16)`;
 --compute_dtypes= times the config's own train.compute_dtype. Compiles every bucket shape first,
 runs the batches once untimed, then times the same --steps
 training batches per dtype, round-robin over the dtypes (--rounds), with the load average and
-the same-run matmul ceiling printed beside every figure. The flags besides --config are the
+the same-run matmul ceiling printed beside every figure. --shape_ceiling also times every
+distinct matmul of the traced step alone at its own shapes (attn.benchmarks.shape_ceiling): two
+more columns say the rate those matmuls reach alone and the share of the step's time they take at
+it, which splits a step's distance from the n x n ceiling into its shapes' and its own
+overhead's. The flags besides --config are the
 fields of attn.benchmarks.train_throughput.Settings (their defaults and help live there), and
 that library's docstring says what each figure means.
 """

@@ -155,3 +155,27 @@ def test_an_auto_row_runs_the_dtype_the_measurement_chose(tmp_path, capsys, monk
   out = capsys.readouterr().out
   assert f"compute dtype {faster} (train.compute_dtype=auto: the model's matmuls at" in out
   assert f"round 1 auto ({faster}):" in out
+
+
+def test_shape_ceiling_columns_time_each_dot_of_the_traced_step(tmp_path, capsys, monkeypatch,
+                                                                 smoke_base):
+  """--shape_ceiling: every dot of the traced step timed alone (here a fake timer: 1 ns a call),
+  so the rate column is the step's matmul FLOPs over its dots' executions, counted apart on the
+  same step's jaxpr."""
+  from attn.benchmarks import shape_ceiling
+  from attn.models import cost
+  monkeypatch.setattr(shape_ceiling, "time_dot", lambda dot: 1e-9)
+  batch = device_batch(next(smoke_base.bundle.train_iter(0)))
+  run = train_throughput.with_compute_dtype(smoke_base, "float32")
+  matmuls = cost.jaxpr_matmuls(jax.make_jaxpr(run.step_fn())(run.state, batch,
+                                                             jax.random.PRNGKey(0)))
+  expected = sum(m.flops for m in matmuls) / sum(m.executions for m in matmuls)
+  settings = train_throughput.Settings(steps=1, rounds=1, ceiling_sizes=(),
+                                       compute_dtypes=("float32",), shape_ceiling=True,
+                                       workdir=str(tmp_path))
+  table = train_throughput.run(_smoke_config(), settings)
+  header, _, row = table.splitlines()[:3]
+  assert header.endswith("| GFLOP/s of its matmuls alone at their shapes | % of the step's time "
+                         "they take alone |")
+  assert row.rstrip(" |").split(" | ")[-2:] == [f"{expected:.0f}", "0%"]
+  assert "distinct matmuls timed alone so far" in capsys.readouterr().out

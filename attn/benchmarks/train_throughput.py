@@ -21,7 +21,10 @@ them), and the achieved matmul rate from the analytic FLOP count of the step
 printed) as a percent of that dtype's ceiling, and the tokens/s the step would reach with its
 matmuls at that ceiling. The padding's cost is counted, not timed (`padding_work`): the matmul
 work per real target token over the first epoch's bucketed batches, with no padding, and in
-random batches padded to their longest. Every figure goes with the load average.
+random batches padded to their longest. `shape_ceiling` (after the rounds) times every distinct
+matmul of each run's traced step alone at its own shapes and dtypes (`shape_seconds`,
+attn.benchmarks.shape_ceiling): the table then says the rate the step's matmuls reach alone and
+the share of the measured step time they take at it. Every figure goes with the load average.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class Settings:
   ceiling_sizes: tuple[int, ...] = option(
       (1024, 2048), "n of the n x n bare-matmul ceiling, measured before the timed rounds and "
       "after them (none: no ceiling, and no percent of it)")
+  shape_ceiling: bool = option(
+      False, "Also time every distinct matmul of the step alone, at its own shapes and dtypes "
+      "(attn.benchmarks.shape_ceiling), after the timed rounds: the rate the step's matmuls "
+      "reach with nothing else running, and the share of the step's time they take at it.")
   xla_options: str = option("", "XLA compile option sets timed beside XLA's defaults, for every "
                             "dtype, as JSON: {\"name\": {\"xla_option\": value, ...}, ...}.")
   workdir: str = option("workdirs/bench_train", "Vocabulary and data cache.")
@@ -250,8 +257,30 @@ def time_rounds(runs, steps, batches, s: Settings):
   return times, ceilings
 
 
-def report(base, batches, counted, times, ceilings, s: Settings) -> str:
-  """Prints the work per step (analytic and traced FLOPs) and returns the table per dtype."""
+def shape_seconds(runs, steps, batches) -> dict:
+  """Per run: (matmul FLOPs counted on the traced step, seconds those matmuls take alone at their
+  own shapes), summed over `batches` (`attn.benchmarks.shape_ceiling`; each distinct dot is
+  timed once, whichever run and bucket shape it comes from)."""
+  from attn.benchmarks import shape_ceiling  # pylint: disable=import-outside-toplevel
+  from attn.models import cost  # pylint: disable=import-outside-toplevel
+  ceiling, key, out = shape_ceiling.ShapeCeiling(), jax.random.PRNGKey(0), {}
+  by_shape = {batch_shape(b): b for b in batches}
+  for label, run in runs.items():
+    per_shape = {}
+    for shape, b in by_shape.items():
+      dots = shape_ceiling.step_dots(cost.jaxpr_matmuls(
+          jax.make_jaxpr(steps[label])(run.state, b, key)))
+      per_shape[shape] = (shape_ceiling.flops(dots), ceiling.step_seconds(dots))
+    out[label] = tuple(sum(per_shape[batch_shape(b)][i] for b in batches) for i in (0, 1))
+    print(f"  {label}: {len(ceiling.seconds)} distinct matmuls timed alone so far; at their own "
+          f"shapes the step's matmuls run at {out[label][0] / out[label][1] / 1e9:.1f} GFLOP/s "
+          f"(load {harness.loadavg()})")
+  return out
+
+
+def report(base, batches, counted, times, ceilings, s: Settings, alone=None) -> str:
+  """Prints the work per step (analytic and traced FLOPs) and returns the table per dtype.
+  alone: `shape_seconds` per run, for the columns of the ceiling at the step's own shapes."""
   from attn.models import cost, count_params  # pylint: disable=import-outside-toplevel
   shapes = [batch_shape(b) for b in batches] * s.rounds
   toks = np.array([float(b["tgt_lengths"].sum()) for b in batches] * s.rounds)
@@ -284,10 +313,17 @@ def report(base, batches, counted, times, ceilings, s: Settings) -> str:
     at_ceiling = (["n/a"] * 3 if ceiling is None else  # --ceiling_sizes= measured none
                   [f"{ceiling:.0f}", f"{gflops / ceiling:.0%}",
                    f"{rates[d] * ceiling / gflops:,.0f}"])
-    rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", *at_ceiling])
+    # The timed batches ran `rounds` times; `alone` sums them once.
+    at_shapes = [] if alone is None else [
+        f"{alone[d][0] / alone[d][1] / 1e9:.0f}", f"{s.rounds * alone[d][1] / t.sum():.0%}"]
+    rows.append([d, f"{np.median(t):.3f}", f"{rates[d]:,.0f}", f"{gflops:.1f}", *at_ceiling,
+                 *at_shapes])
   table = markdown_table(["compute dtype", "median s/step", "target tokens/s",
                           "GFLOP/s (matmul)", "ceiling GFLOP/s (same run, best n)",
-                          "% of ceiling", "tokens/s at the ceiling"], rows)
+                          "% of ceiling", "tokens/s at the ceiling"]
+                         + ([] if alone is None else [
+                             "GFLOP/s of its matmuls alone at their shapes",
+                             "% of the step's time they take alone"]), rows)
   dtypes = list(times)
   if len(dtypes) > 1:
     table += "\ntokens/s relative to " + dtypes[0] + ": " + ", ".join(
@@ -351,7 +387,8 @@ def run(config, s: Settings) -> str:
         f"{time.time() - t0:.1f} s" + (f" ({loaded} programs loaded from the compilation cache)"
                                       if loaded else ""))
   times, ceilings = time_rounds(runs, steps, batches, s)
-  table = report(base, batches, counted, times, ceilings, s)
+  alone = shape_seconds(runs, steps, batches) if s.shape_ceiling else None
+  table = report(base, batches, counted, times, ceilings, s, alone)
   print(table)
   print(f"load average at end: {harness.loadavg()}")
   return table

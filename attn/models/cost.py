@@ -122,12 +122,25 @@ def plan_flops_per_token(mc: ModelConfig, batches, tgt_len: np.ndarray) -> float
 
 class Matmul(NamedTuple):
   """One dot_general of a traced function: FLOPs (2 M N K per execution, times the trip counts
-  of the scans around it), operand and result dtypes, and the scan nesting depth."""
+  of the scans around it), operand and result dtypes, the scan nesting depth, and its
+  dimension_numbers (((lhs contracting, rhs contracting), (lhs batch, rhs batch)))."""
   flops: int
   lhs: jax.core.ShapedArray
   rhs: jax.core.ShapedArray
   out: jax.core.ShapedArray
   in_scan: int
+  dims: tuple = ()
+
+  @property
+  def flops_per_call(self) -> int:
+    """2 M N K: the FLOPs of one execution."""
+    (lc, _), _ = self.dims
+    return 2 * int(np.prod(self.out.shape)) * int(np.prod([self.lhs.shape[i] for i in lc]))
+
+  @property
+  def executions(self) -> int:
+    """How many times the step runs it: the trip counts of the scans around it."""
+    return self.flops // self.flops_per_call
 
 
 def jaxpr_matmuls(closed_jaxpr) -> list[Matmul]:
@@ -145,7 +158,8 @@ def _walk(jaxpr, mult, depth) -> list[Matmul]:
       (lc, _), _ = eqn.params["dimension_numbers"]
       lhs, rhs, res = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
       K = int(np.prod([lhs.shape[i] for i in lc]))
-      out.append(Matmul(2 * int(np.prod(res.shape)) * K * mult, lhs, rhs, res, depth))
+      out.append(Matmul(2 * int(np.prod(res.shape)) * K * mult, lhs, rhs, res, depth,
+                        eqn.params["dimension_numbers"]))
       continue
     if name == "while":
       if _walk(eqn.params["body_jaxpr"].jaxpr, 1, 0):
