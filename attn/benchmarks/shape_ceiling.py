@@ -18,8 +18,8 @@ by side on fewer threads than alone.
 Each dot is timed as `n` calls dispatched back to back and waited for once (per call: the
 elapsed time over n), n chosen from an untimed call so that a round lasts about
 `round_seconds`, median of `repeats` rounds; the operands are random normal arrays of the dot's
-shapes and dtypes, passed as arguments (closed-over arrays would be folded as constants). Needs
-jax alone.
+shapes and dtypes, passed as arguments (closed-over arrays would be folded as constants). The
+timing needs jax alone.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 class Dot(NamedTuple):
@@ -45,12 +44,9 @@ class Dot(NamedTuple):
 
   @property
   def flops(self) -> int:
-    """2 M N K of one call: twice the result's size times the contracted size."""
-    (lc, rc), (lb, rb) = self.dims
-    free = lambda shape, skip: int(np.prod([n for i, n in enumerate(shape) if i not in skip]))
-    out = (int(np.prod([self.lhs[i] for i in lb])) * free(self.lhs, set(lc) | set(lb))
-           * free(self.rhs, set(rc) | set(rb)))
-    return 2 * out * int(np.prod([self.lhs[i] for i in lc]))
+    """2 M N K of one call (`attn.models.cost.dot_flops`)."""
+    from attn.models import cost  # pylint: disable=import-outside-toplevel
+    return cost.dot_flops(self.lhs, self.rhs, self.dims)
 
 
 def step_dots(matmuls) -> dict[Dot, int]:

@@ -120,6 +120,16 @@ def plan_flops_per_token(mc: ModelConfig, batches, tgt_len: np.ndarray) -> float
   return flops / tokens
 
 
+def dot_flops(lhs_shape, rhs_shape, dims) -> int:
+  """2 M N K of one dot_general of operands `lhs_shape`, `rhs_shape` with dimension numbers
+  `dims`: twice the result's size (batch x lhs free x rhs free) times the contracted size."""
+  (lc, rc), (lb, rb) = dims
+  free = lambda shape, skip: int(np.prod([n for i, n in enumerate(shape) if i not in skip]))
+  out = (int(np.prod([lhs_shape[i] for i in lb])) * free(lhs_shape, set(lc) | set(lb))
+         * free(rhs_shape, set(rc) | set(rb)))
+  return 2 * out * int(np.prod([lhs_shape[i] for i in lc]))
+
+
 class Matmul(NamedTuple):
   """One dot_general of a traced function: FLOPs (2 M N K per execution, times the trip counts
   of the scans around it), operand and result dtypes, the scan nesting depth, and its
@@ -134,8 +144,7 @@ class Matmul(NamedTuple):
   @property
   def flops_per_call(self) -> int:
     """2 M N K: the FLOPs of one execution."""
-    (lc, _), _ = self.dims
-    return 2 * int(np.prod(self.out.shape)) * int(np.prod([self.lhs.shape[i] for i in lc]))
+    return dot_flops(self.lhs.shape, self.rhs.shape, self.dims)
 
   @property
   def executions(self) -> int:
@@ -155,11 +164,9 @@ def _walk(jaxpr, mult, depth) -> list[Matmul]:
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "dot_general":
-      (lc, _), _ = eqn.params["dimension_numbers"]
+      dims = eqn.params["dimension_numbers"]
       lhs, rhs, res = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
-      K = int(np.prod([lhs.shape[i] for i in lc]))
-      out.append(Matmul(2 * int(np.prod(res.shape)) * K * mult, lhs, rhs, res, depth,
-                        eqn.params["dimension_numbers"]))
+      out.append(Matmul(dot_flops(lhs.shape, rhs.shape, dims) * mult, lhs, rhs, res, depth, dims))
       continue
     if name == "while":
       if _walk(eqn.params["body_jaxpr"].jaxpr, 1, 0):
